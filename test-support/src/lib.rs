@@ -1,0 +1,282 @@
+//! Test harness with real parts.
+//!
+//! - [`RedisServer`]: a real `redis-server` on a free loopback port, in its own
+//!   temporary directory, stopped when dropped.
+//! - [`ChildProcess`]: a process of the project (or any binary) that is killed
+//!   and reaped when dropped, so a failing test leaves no orphans.
+//! - [`free_port`], [`wait_for_tcp`]: small helpers around loopback sockets.
+//!
+//! A test that needs `redis-server` and cannot find it fails with a message
+//! saying how to install it; it never passes silently.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A loopback port that was free a moment ago.
+///
+/// The port is found by binding port 0 and releasing it; a race with another
+/// process is possible but rare, and callers wait for their server anyway.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+pub fn wait_for_tcp(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("nothing accepted connections on {addr} within {timeout:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// A child process that is killed and reaped on drop.
+#[derive(Debug)]
+pub struct ChildProcess {
+    name: String,
+    child: Option<Child>,
+}
+
+impl ChildProcess {
+    /// Spawns `command`, owned by the returned guard.
+    pub fn spawn(name: &str, command: &mut Command) -> std::io::Result<ChildProcess> {
+        let child = command.stdin(Stdio::null()).spawn()?;
+        Ok(ChildProcess { name: name.to_string(), child: Some(child) })
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Sends a signal by number (for example 9 for SIGKILL, 19 for SIGSTOP).
+    pub fn signal(&self, signal: i32) -> std::io::Result<()> {
+        let status =
+            Command::new("kill").arg(format!("-{signal}")).arg(self.id().to_string()).stderr(Stdio::null()).status()?;
+        if status.success() { Ok(()) } else { Err(std::io::Error::other(format!("kill -{signal} failed"))) }
+    }
+
+    /// Waits up to `timeout` for the process to exit; returns its exit code.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status.code().unwrap_or(-1));
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the process now and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Finds `redis-server`: `$REDIS_SERVER`, then `PATH`, then the Debian path.
+pub fn find_redis_server() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("REDIS_SERVER") {
+        return Ok(PathBuf::from(path));
+    }
+    let candidates = std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).map(|dir| dir.join("redis-server")).collect::<Vec<_>>())
+        .unwrap_or_default();
+    candidates
+        .into_iter()
+        .chain([PathBuf::from("/usr/bin/redis-server"), PathBuf::from("/usr/local/bin/redis-server")])
+        .find(|path| path.is_file())
+        .ok_or_else(|| {
+            "redis-server is not installed: this test needs a real Redis. Install it with \
+             `apt-get install -y redis-server` (or run scripts/test.sh, which does), or set REDIS_SERVER=/path/to/redis-server"
+                .to_string()
+        })
+}
+
+/// A real redis-server on a free loopback port, stopped when dropped.
+#[derive(Debug)]
+pub struct RedisServer {
+    process: ChildProcess,
+    port: u16,
+    dir: tempfile::TempDir,
+    extra_args: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a server with persistence off; panics with install instructions
+    /// when redis-server is missing (a test needing Redis must not pass without it).
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments (e.g. `["--maxmemory", "1mb"]`).
+    pub fn start_with(extra_args: &[&str]) -> RedisServer {
+        let binary = find_redis_server().unwrap_or_else(|message| panic!("{message}"));
+        let dir = tempfile::tempdir().expect("create a temporary directory for redis-server");
+        let extra_args: Vec<String> = extra_args.iter().map(|arg| (*arg).to_string()).collect();
+        let port = free_port();
+        let process = spawn_redis(&binary, dir.path(), port, &extra_args);
+        let server = RedisServer { process, port, dir, extra_args };
+        server.wait_ready(Duration::from_secs(10));
+        server
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT/0`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Stops the server (SIGKILL), keeping its port for [`RedisServer::restart`].
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Freezes the server process (SIGSTOP) until [`RedisServer::resume`].
+    pub fn pause(&self) {
+        let _ = self.process.signal(19);
+    }
+
+    pub fn resume(&self) {
+        let _ = self.process.signal(18);
+    }
+
+    /// Starts a new server on the same port after [`RedisServer::kill`].
+    pub fn restart(&mut self) {
+        self.process.kill();
+        let binary = find_redis_server().unwrap_or_else(|message| panic!("{message}"));
+        self.process = spawn_redis(&binary, self.dir.path(), self.port, &self.extra_args);
+        self.wait_ready(Duration::from_secs(10));
+    }
+
+    /// Sends one inline command and returns the raw reply (for tests).
+    pub fn command(&self, args: &[&[u8]]) -> std::io::Result<Vec<u8>> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut request = format!("*{}\r\n", args.len()).into_bytes();
+        for arg in args {
+            request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            request.extend_from_slice(arg);
+            request.extend_from_slice(b"\r\n");
+        }
+        stream.write_all(&request)?;
+        let mut reply = vec![0u8; 64 * 1024];
+        let read = stream.read(&mut reply)?;
+        reply.truncate(read);
+        Ok(reply)
+    }
+
+    fn wait_ready(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(reply) = self.command(&[b"PING"])
+                && reply.starts_with(b"+PONG")
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "redis-server on port {} did not answer PING within {timeout:?}", self.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn spawn_redis(binary: &Path, dir: &Path, port: u16, extra_args: &[String]) -> ChildProcess {
+    let mut command = Command::new(binary);
+    command
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra_args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    ChildProcess::spawn("redis-server", &mut command).expect("spawn redis-server")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_server_answers_and_stops_on_drop() {
+        let server = RedisServer::start();
+        let reply = server.command(&[b"SET", b"k", b"v"]).unwrap();
+        assert_eq!(reply, b"+OK\r\n");
+        let reply = server.command(&[b"GET", b"k"]).unwrap();
+        assert_eq!(reply, b"$1\r\nv\r\n");
+        let port = server.port();
+        drop(server);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            assert!(Instant::now() < deadline, "redis-server still answering after drop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn redis_server_restarts_on_the_same_port() {
+        let mut server = RedisServer::start();
+        server.command(&[b"SET", b"k", b"v"]).unwrap();
+        server.kill();
+        assert!(server.command(&[b"PING"]).is_err());
+        server.restart();
+        // Persistence is off: a restarted server starts empty.
+        assert_eq!(server.command(&[b"GET", b"k"]).unwrap(), b"$-1\r\n");
+    }
+}
+
+/// The SmolLM2-135M-Instruct GGUF file fetched by `scripts/fetch-model.sh`.
+///
+/// Panics with instructions when it is missing: tests that check the real
+/// model must not pass without it.
+pub fn smollm2_path() -> PathBuf {
+    let cache = std::env::var_os("KVROUTE_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/kvroute")))
+        .unwrap_or_else(|| PathBuf::from(".cache/kvroute"));
+    let path = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/fetch-model.sh (scripts/test.sh does) to fetch SmolLM2-135M-Instruct",
+        path.display()
+    );
+    path
+}
+
+/// The repository's root directory (for test data shared by the crates).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
