@@ -1,1 +1,0 @@
-//! Command-line interface of the `gateway` binary.

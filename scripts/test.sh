@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs kvroute's whole test suite. Works on a fresh Debian machine with only the
+# Rust toolchain: installs redis-server through apt-get when it is missing (as
+# root), fetches the SmolLM2 demo model into ~/.cache/kvroute, then checks
+# formatting, lints, and runs every test of the workspace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+jobs="${KVROUTE_BUILD_JOBS:-2}"
+
+if ! command -v redis-server >/dev/null 2>&1 && [ ! -x /usr/bin/redis-server ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing redis-server (tests start real ones on free loopback ports)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+  else
+    echo "redis-server is missing: install it (e.g. sudo apt-get install redis-server) and rerun" >&2
+    exit 1
+  fi
+fi
+
+echo "== fetching the demo model"
+scripts/fetch-model.sh
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy"
+cargo clippy -j"$jobs" --workspace --all-targets --quiet -- -D warnings
+
+echo "== cargo test"
+cargo test -j"$jobs" --workspace
