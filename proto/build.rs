@@ -4,11 +4,7 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = [
-        "proto/kvroute/v1/common.proto",
-        "proto/kvroute/v1/generate.proto",
-        "proto/kvroute/v1/agent.proto",
-    ];
+    let protos = ["proto/kvroute/v1/common.proto", "proto/kvroute/v1/generate.proto", "proto/kvroute/v1/agent.proto"];
     for proto in &protos {
         println!("cargo:rerun-if-changed={proto}");
     }

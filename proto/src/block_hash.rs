@@ -151,10 +151,7 @@ pub struct BlockHasher {
 impl BlockHasher {
     /// A hasher for `block_size`-token blocks; `block_size` must be at least 1.
     pub fn new(block_size: u32, model: &str, scope: &[u8]) -> BlockHasher {
-        BlockHasher {
-            root: ChainKey::root(block_size, model, scope),
-            block_size: block_size.max(1) as usize,
-        }
+        BlockHasher { root: ChainKey::root(block_size, model, scope), block_size: block_size.max(1) as usize }
     }
 
     pub fn root(&self) -> ChainKey {

@@ -396,7 +396,7 @@ impl SamplingParams {
             return Err(WireError::new("sampling.temperature", format!("must be between 0 and 2, got {temperature}")));
         }
         let top_p = if top_p == 0.0 { 1.0 } else { top_p };
-        if !top_p.is_finite() || !(top_p > 0.0 && top_p <= 1.0) {
+        if !(top_p.is_finite() && top_p > 0.0 && top_p <= 1.0) {
             return Err(WireError::new("sampling.top_p", format!("must be in (0, 1], got {top_p}")));
         }
         Ok(SamplingParams { temperature, top_p, seed })
@@ -583,7 +583,11 @@ impl TryFrom<pb::InfoResponse> for AgentInfo {
             .tiers
             .into_iter()
             .map(|tier| {
-                Ok(TierInfo { tier: Tier::try_from(tier.tier)?, enabled: tier.enabled, capacity_bytes: tier.capacity_bytes })
+                Ok(TierInfo {
+                    tier: Tier::try_from(tier.tier)?,
+                    enabled: tier.enabled,
+                    capacity_bytes: tier.capacity_bytes,
+                })
             })
             .collect::<Result<_, WireError>>()?;
         Ok(AgentInfo {
@@ -645,7 +649,12 @@ mod tests {
                 KvEvent::Removed { tier: Tier::Host, hashes: vec![hash] },
                 KvEvent::Cleared { tier: Tier::Network },
             ],
-            load: LoadStats { kv_blocks_used: 1, kv_blocks_total: 2, prefill_tokens_per_second: 10.0, ..Default::default() },
+            load: LoadStats {
+                kv_blocks_used: 1,
+                kv_blocks_total: 2,
+                prefill_tokens_per_second: 10.0,
+                ..Default::default()
+            },
         };
         let wire = pb::KvEventBatch::from(batch.clone());
         assert_eq!(KvEventBatch::try_from(wire).unwrap(), batch);

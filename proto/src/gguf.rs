@@ -238,7 +238,10 @@ impl GgufFile {
         for tensor in &tensors {
             let end = tensor.offset.checked_add(tensor.byte_len);
             if end.is_none_or(|end| end > data_len) {
-                return Err(GgufError::BadTensor { name: tensor.name.clone(), reason: "data lies outside the file".into() });
+                return Err(GgufError::BadTensor {
+                    name: tensor.name.clone(),
+                    reason: "data lies outside the file".into(),
+                });
             }
         }
         let data_start = usize::try_from(data_start).map_err(|_| GgufError::Truncated("tensor data"))?;
@@ -370,7 +373,7 @@ impl<'a> Cursor<'a> {
         let offset = self.u64("tensor offset")?;
         let elements = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
         let byte_len = match (elements, ggml_type.block_layout()) {
-            (Some(elements), Some((per_block, block_bytes))) if elements % per_block == 0 => {
+            (Some(elements), Some((per_block, block_bytes))) if elements.is_multiple_of(per_block) => {
                 (elements / per_block).checked_mul(block_bytes)
             }
             (Some(_), None) => Some(0),
@@ -407,7 +410,7 @@ pub fn dequantize(ggml_type: GgmlType, bytes: &[u8], count: usize) -> Result<Vec
         return Err(format!("tensor type {ggml_type:?} is not supported"));
     };
     let (per_block, block_bytes) = (per_block as usize, block_bytes as usize);
-    if count % per_block != 0 || bytes.len() != count / per_block * block_bytes {
+    if !count.is_multiple_of(per_block) || bytes.len() != count / per_block * block_bytes {
         return Err(format!("{} bytes do not hold {count} values of {ggml_type:?}", bytes.len()));
     }
     let mut out = Vec::with_capacity(count);
@@ -415,7 +418,9 @@ pub fn dequantize(ggml_type: GgmlType, bytes: &[u8], count: usize) -> Result<Vec
     match ggml_type {
         GgmlType::F32 => out.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
         GgmlType::F16 => out.extend(bytes.chunks_exact(2).map(half)),
-        GgmlType::BF16 => out.extend(bytes.chunks_exact(2).map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))),
+        GgmlType::BF16 => {
+            out.extend(bytes.chunks_exact(2).map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)))
+        }
         GgmlType::Q8_0 => {
             for block in bytes.chunks_exact(block_bytes) {
                 let scale = half(&block[0..2]);

@@ -9,6 +9,9 @@
 //! A test that needs `redis-server` and cannot find it fails with a message
 //! saying how to install it; it never passes silently.
 
+// This crate exists for tests: failing loudly with a message is its job.
+#![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -208,7 +211,11 @@ impl RedisServer {
             {
                 return;
             }
-            assert!(Instant::now() < deadline, "redis-server on port {} did not answer PING within {timeout:?}", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {} did not answer PING within {timeout:?}",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -224,6 +231,29 @@ fn spawn_redis(binary: &Path, dir: &Path, port: u16, extra_args: &[String]) -> C
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     ChildProcess::spawn("redis-server", &mut command).expect("spawn redis-server")
+}
+
+/// The SmolLM2-135M-Instruct GGUF file fetched by `scripts/fetch-model.sh`.
+///
+/// Panics with instructions when it is missing: tests that check the real
+/// model must not pass without it.
+pub fn smollm2_path() -> PathBuf {
+    let cache = std::env::var_os("KVROUTE_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/kvroute")))
+        .unwrap_or_else(|| PathBuf::from(".cache/kvroute"));
+    let path = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/fetch-model.sh (scripts/test.sh does) to fetch SmolLM2-135M-Instruct",
+        path.display()
+    );
+    path
+}
+
+/// The repository's root directory (for test data shared by the crates).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -256,27 +286,4 @@ mod tests {
         // Persistence is off: a restarted server starts empty.
         assert_eq!(server.command(&[b"GET", b"k"]).unwrap(), b"$-1\r\n");
     }
-}
-
-/// The SmolLM2-135M-Instruct GGUF file fetched by `scripts/fetch-model.sh`.
-///
-/// Panics with instructions when it is missing: tests that check the real
-/// model must not pass without it.
-pub fn smollm2_path() -> PathBuf {
-    let cache = std::env::var_os("KVROUTE_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/kvroute")))
-        .unwrap_or_else(|| PathBuf::from(".cache/kvroute"));
-    let path = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "{} is missing: run scripts/fetch-model.sh (scripts/test.sh does) to fetch SmolLM2-135M-Instruct",
-        path.display()
-    );
-    path
-}
-
-/// The repository's root directory (for test data shared by the crates).
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
 }
