@@ -360,7 +360,10 @@ impl BlockManager {
         for (id, meta) in self.blocks.iter().enumerate() {
             let id = id as BlockId;
             if meta.ref_count != refs[id as usize] {
-                return Err(format!("block {id}: ref count {} but {} table entries", meta.ref_count, refs[id as usize]));
+                return Err(format!(
+                    "block {id}: ref count {} but {} table entries",
+                    meta.ref_count, refs[id as usize]
+                ));
             }
             let in_free = free.contains(&id);
             let in_evictable = self.evictable.contains(&(meta.stamp, id));

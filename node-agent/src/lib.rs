@@ -1,8 +1,20 @@
 //! kvroute's node-agent: the paged KV-cache engine of one replica.
 //!
 //! Layout:
-//! - [`block_manager`]: which pool block holds what (ref counts, prefix cache, LRU eviction).
+//! - [`block_manager`]: which pool block holds what (ref counts, prefix cache, LRU eviction). Synchronous.
+//! - [`engine`]: continuous batching, admission, preemption over an [`engine::Executor`]; its thread.
 //! - [`model`]: a Llama-architecture transformer on the CPU with paged attention.
+//! - [`server`]: the gRPC service, a thin shell over the engine thread.
+//! - [`metrics`]: every exported metric, in one place.
+//! - [`tiers`]: host RAM (G2) and the shared Redis tier (G3) below the pool.
+//! - [`capacity`]: the capacity calculator (`node-agent capacity`).
 
 pub mod block_manager;
+pub mod capacity;
+pub mod engine;
+pub mod config;
+pub mod metrics;
 pub mod model;
+pub mod run;
+pub mod server;
+pub mod tiers;

@@ -12,16 +12,28 @@ use proptest::prelude::*;
 #[derive(Debug, Clone)]
 enum Op {
     /// Place a prompt made of `family`'s shared stem plus `tail` private tokens.
-    Place { family: u8, stem_blocks: u8, tail: u8, scope: u8, cache: bool },
+    Place {
+        family: u8,
+        stem_blocks: u8,
+        tail: u8,
+        scope: u8,
+        cache: bool,
+    },
     /// Register computed tokens of the nth live sequence, growing it by `extra` generated tokens.
-    Compute { nth: u8, extra: u8 },
-    Release { nth: u8 },
+    Compute {
+        nth: u8,
+        extra: u8,
+    },
+    Release {
+        nth: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (0u8..4, 0u8..4, 0u8..9, 0u8..2, proptest::bool::weighted(0.8))
-            .prop_map(|(family, stem_blocks, tail, scope, cache)| Op::Place { family, stem_blocks, tail, scope, cache }),
+        (0u8..4, 0u8..4, 0u8..9, 0u8..2, proptest::bool::weighted(0.8)).prop_map(
+            |(family, stem_blocks, tail, scope, cache)| Op::Place { family, stem_blocks, tail, scope, cache }
+        ),
         (any::<u8>(), 0u8..9).prop_map(|(nth, extra)| Op::Compute { nth, extra }),
         any::<u8>().prop_map(|nth| Op::Release { nth }),
     ]

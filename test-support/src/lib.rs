@@ -145,10 +145,18 @@ impl RedisServer {
 
     /// Starts a server with extra `redis-server` arguments (e.g. `["--maxmemory", "1mb"]`).
     pub fn start_with(extra_args: &[&str]) -> RedisServer {
+        RedisServer::start_on(free_port(), extra_args)
+    }
+
+    /// Starts a server on a given port (e.g. one a client already tries to reach).
+    pub fn start_on_port(port: u16) -> RedisServer {
+        RedisServer::start_on(port, &[])
+    }
+
+    fn start_on(port: u16, extra_args: &[&str]) -> RedisServer {
         let binary = find_redis_server().unwrap_or_else(|message| panic!("{message}"));
         let dir = tempfile::tempdir().expect("create a temporary directory for redis-server");
         let extra_args: Vec<String> = extra_args.iter().map(|arg| (*arg).to_string()).collect();
-        let port = free_port();
         let process = spawn_redis(&binary, dir.path(), port, &extra_args);
         let server = RedisServer { process, port, dir, extra_args };
         server.wait_ready(Duration::from_secs(10));
@@ -254,6 +262,112 @@ pub fn smollm2_path() -> PathBuf {
 /// The repository's root directory (for test data shared by the crates).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+
+/// A built binary of the project (`gateway`, `node-agent`), built on demand
+/// with the same cargo that runs the tests, so a test never runs a stale one.
+pub fn project_binary(package: &str, name: &str) -> PathBuf {
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = BUILD.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let root = repo_root();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(&root)
+        .args(["build", "--quiet", "-p", package, "--bin", name])
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "cargo build -p {package} --bin {name} failed");
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    let path = target.join("debug").join(name);
+    assert!(path.is_file(), "{} was not built", path.display());
+    path
+}
+
+/// A minimal HTTP/1.1 response.
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl HttpResponse {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, value)| value.as_str())
+    }
+
+    /// The `data:` payloads of a server-sent event stream.
+    pub fn sse_data(&self) -> Vec<String> {
+        self.text().lines().filter_map(|line| line.strip_prefix("data:")).map(|data| data.trim().to_string()).collect()
+    }
+}
+
+/// Sends one HTTP/1.1 request over a real socket and reads the whole response
+/// (`Connection: close`; chunked bodies are de-chunked).
+pub fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<HttpResponse> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !body.is_empty() || method == "POST" {
+        request.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes())?;
+    stream.write_all(body)?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let split = raw
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no end of headers"))?;
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no status line"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|line| line.split_once(':').map(|(k, v)| (k.trim().to_string(), v.trim().to_string())))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked"));
+    if chunked {
+        body = dechunk(&body);
+    }
+    Ok(HttpResponse { status, headers, body })
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(end) = data.windows(2).position(|w| w == b"\r\n") else { break };
+        let size_text = String::from_utf8_lossy(&data[..end]);
+        let Ok(size) = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16) else { break };
+        data = &data[end + 2..];
+        if size == 0 || data.len() < size {
+            break;
+        }
+        out.extend_from_slice(&data[..size]);
+        data = &data[(size + 2).min(data.len())..];
+    }
+    out
 }
 
 #[cfg(test)]

@@ -1,0 +1,175 @@
+//! Command-line configuration of the `node-agent` binary; every default lives here.
+
+use std::net::SocketAddr;
+
+use clap::{Args, Parser, Subcommand};
+use kvroute_proto::domain::KvDtype;
+
+use crate::capacity::parse_bytes;
+use crate::engine::{EngineConfig, PreemptionMode};
+
+#[derive(Debug, Parser)]
+#[command(name = "node-agent", version, about = "kvroute node-agent: the paged KV-cache engine of one replica")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Concurrent sequences a KV budget holds, contiguous against paged.
+    Capacity(CapacityArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// gRPC listen address.
+    #[arg(long, default_value = "127.0.0.1:50061")]
+    pub listen: SocketAddr,
+    /// Prometheus metrics listen address (`GET /metrics`); off when absent.
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// `tiny-random` or a path to a llama-architecture GGUF file.
+    #[arg(long, default_value = "tiny-random")]
+    pub model: String,
+    /// Name of this agent in events and logs (default: agent-<port>).
+    #[arg(long)]
+    pub agent_id: Option<String>,
+    /// KV pool size in bytes (e.g. 256MiB); ignored when --num-blocks is given.
+    #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
+    pub kv_cache_bytes: u64,
+    /// KV pool size in blocks.
+    #[arg(long)]
+    pub num_blocks: Option<usize>,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub block_size: u32,
+    /// KV element type: bf16, fp8 (e4m3) or f32.
+    #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
+    pub kv_dtype: KvDtype,
+    /// How a sequence preempted for lack of blocks gets its KV back.
+    #[arg(long, value_enum, default_value_t = PreemptionMode::Recompute)]
+    pub preemption: PreemptionMode,
+    /// Tokens computed per step across the batch.
+    #[arg(long, default_value_t = EngineConfig::default().max_batch_tokens)]
+    pub max_batch_tokens: usize,
+    /// Sequences running at once.
+    #[arg(long, default_value_t = EngineConfig::default().max_running)]
+    pub max_running: usize,
+    /// Requests queued before new ones are refused with RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = EngineConfig::default().max_waiting)]
+    pub max_waiting: usize,
+    /// Fraction of the pool kept free at admission for decode growth.
+    #[arg(long, default_value_t = EngineConfig::default().watermark)]
+    pub watermark: f64,
+    /// Longest sequence in tokens (default: the model's context length).
+    #[arg(long)]
+    pub max_context: Option<usize>,
+    /// Host-RAM tier (G2) size in bytes; 0 turns it off.
+    #[arg(long, default_value = "512MiB", value_parser = parse_bytes)]
+    pub host_cache_bytes: u64,
+    /// Shared network tier (G3) on a standalone Redis: redis://host:port/db.
+    #[arg(long)]
+    pub redis_url: Option<String>,
+    /// Shared network tier on a Redis Cluster: comma-separated node URLs.
+    #[arg(long, value_delimiter = ',')]
+    pub redis_cluster_nodes: Vec<String>,
+    /// Prefix of every key the agent writes to Redis.
+    #[arg(long, default_value = "kvroute")]
+    pub redis_key_prefix: String,
+    /// Expiry of blocks in Redis, in seconds; none when absent.
+    #[arg(long)]
+    pub redis_ttl: Option<u64>,
+    /// Blocks queued for writing to Redis before spills are dropped.
+    #[arg(long, default_value_t = 1024)]
+    pub redis_queue: usize,
+    /// Upper bound on one Redis round trip, in milliseconds.
+    #[arg(long, default_value_t = 500)]
+    pub redis_timeout_ms: u64,
+    /// Parse and check the configuration, then exit.
+    #[arg(long)]
+    pub check_config: bool,
+}
+
+fn parse_dtype(text: &str) -> Result<KvDtype, String> {
+    text.parse::<KvDtype>().map_err(|error| error.to_string())
+}
+
+impl ServeArgs {
+    /// Checks what clap's types cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..0.5).contains(&self.watermark) {
+            return Err(format!("--watermark must be in [0, 0.5), got {}", self.watermark));
+        }
+        if self.max_batch_tokens == 0 || self.max_running == 0 {
+            return Err("--max-batch-tokens and --max-running must be positive".into());
+        }
+        if self.num_blocks == Some(0) || (self.num_blocks.is_none() && self.kv_cache_bytes == 0) {
+            return Err("the KV pool must hold at least one block".into());
+        }
+        for url in self.redis_url.iter().chain(&self.redis_cluster_nodes) {
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                return Err(format!("{url:?} is not a redis:// URL"));
+            }
+        }
+        if self.redis_queue == 0 || self.redis_timeout_ms == 0 {
+            return Err("--redis-queue and --redis-timeout-ms must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The network tier's settings, when one is configured.
+    pub fn network_config(&self) -> Option<crate::tiers::network::NetworkConfig> {
+        if self.redis_url.is_none() && self.redis_cluster_nodes.is_empty() {
+            return None;
+        }
+        Some(crate::tiers::network::NetworkConfig {
+            url: self.redis_url.clone(),
+            cluster_nodes: self.redis_cluster_nodes.clone(),
+            key_prefix: self.redis_key_prefix.clone(),
+            ttl: self.redis_ttl.map(std::time::Duration::from_secs),
+            queue_capacity: self.redis_queue,
+            timeout: std::time::Duration::from_millis(self.redis_timeout_ms),
+        })
+    }
+
+    pub fn engine_config(&self, model_context: usize) -> EngineConfig {
+        EngineConfig {
+            max_batch_tokens: self.max_batch_tokens,
+            max_running: self.max_running,
+            max_waiting: self.max_waiting,
+            watermark: self.watermark,
+            preemption: self.preemption,
+            max_context: self.max_context.unwrap_or(model_context).min(model_context),
+            capture_logits: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CapacityArgs {
+    #[arg(long)]
+    pub layers: u64,
+    /// Query heads (default: equal to --kv-heads, i.e. multi-head attention).
+    #[arg(long)]
+    pub query_heads: Option<u64>,
+    #[arg(long)]
+    pub kv_heads: u64,
+    #[arg(long)]
+    pub head_dim: u64,
+    #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
+    pub kv_dtype: KvDtype,
+    /// KV memory budget (e.g. 53GiB).
+    #[arg(long, value_parser = parse_bytes)]
+    pub memory: u64,
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u64,
+    /// Context reserved per sequence by a contiguous allocator.
+    #[arg(long, default_value_t = 8192)]
+    pub reserved_tokens: u64,
+    /// Tokens a sequence actually uses on average.
+    #[arg(long)]
+    pub used_tokens: u64,
+}

@@ -1,0 +1,595 @@
+//! The engine of one replica: continuous batching over the block manager and
+//! an [`Executor`] (the model, or a cost model in the simulator).
+//!
+//! [`Engine`] is synchronous and driven by calls: `submit`, `cancel`, `step`.
+//! Each step schedules, within a per-step token budget, one token for every
+//! decoding sequence, then prefill chunks of running sequences, then admits
+//! waiting requests whose prompt blocks fit above a watermark. When a decoding
+//! sequence needs a block and none is free, the newest running sequence is
+//! preempted (recompute or swap). [`thread`] runs an engine in its own thread.
+
+pub mod executor;
+pub mod model_executor;
+pub mod request;
+pub mod thread;
+pub mod tiering;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, FinishReason, KvEvent, Tier};
+
+use crate::block_manager::{BlockId, BlockManager, EventSink};
+use crate::model::sampling::Sampler;
+pub use executor::{ChunkSpec, Executor};
+pub use request::{GenerateError, Output, OutputSink, Usage};
+pub use tiering::{Prefetched, Tiering};
+
+/// How a preempted sequence gets its KV back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PreemptionMode {
+    /// Free its blocks; recompute them when it runs again.
+    #[default]
+    Recompute,
+    /// Copy its blocks to host memory, and back when it runs again.
+    Swap,
+}
+
+impl PreemptionMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreemptionMode::Recompute => "recompute",
+            PreemptionMode::Swap => "swap",
+        }
+    }
+}
+
+/// Engine settings (one place for their defaults: [`EngineConfig::default`]).
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Tokens computed per step across the batch (chunked prefill budget).
+    pub max_batch_tokens: usize,
+    /// Sequences running at once.
+    pub max_running: usize,
+    /// Requests waiting before new ones are refused.
+    pub max_waiting: usize,
+    /// Fraction of the pool kept free at admission for decode growth.
+    pub watermark: f64,
+    pub preemption: PreemptionMode,
+    /// Longest sequence (prompt + generated).
+    pub max_context: usize,
+    /// Attach each sampled step's logits to the outputs (tests, debugging).
+    pub capture_logits: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_batch_tokens: 512,
+            max_running: 32,
+            max_waiting: 256,
+            watermark: 0.01,
+            preemption: PreemptionMode::Recompute,
+            max_context: 4096,
+            capture_logits: false,
+        }
+    }
+}
+
+/// Counters and moving averages the engine keeps about itself.
+#[derive(Clone, Debug, Default)]
+pub struct EngineStats {
+    pub prompt_tokens_total: u64,
+    pub prefix_hit_tokens_total: u64,
+    /// Prompt tokens reloaded from host RAM and from the network tier.
+    pub host_hit_tokens_total: u64,
+    pub network_hit_tokens_total: u64,
+    pub generated_tokens_total: u64,
+    pub preemptions_recompute: u64,
+    pub preemptions_swap: u64,
+    pub requests_finished: u64,
+    pub rejected_total: u64,
+    /// Moving average of prefill tokens per second.
+    pub prefill_tokens_per_second: f64,
+    /// Moving average of one decode-only step, in seconds.
+    pub decode_step_seconds: f64,
+}
+
+struct Sequence {
+    id: u64,
+    request: AgentGenerateRequest,
+    /// Prompt followed by generated tokens.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    /// Tokens whose K/V are in the pool.
+    computed: usize,
+    cached_tokens: Option<usize>,
+    sampler: Sampler,
+    output: Box<dyn OutputSink>,
+    stop_ids: Vec<u32>,
+    /// Block contents saved by a swap preemption.
+    swapped: Option<Vec<Vec<u8>>>,
+    /// Blocks fetched from the network tier before admission.
+    prefetched: Prefetched,
+}
+
+impl Sequence {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+}
+
+/// What one step did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepReport {
+    pub prefill_tokens: usize,
+    pub decode_tokens: usize,
+    pub finished: usize,
+    pub preempted: usize,
+}
+
+impl StepReport {
+    pub fn is_idle(&self) -> bool {
+        self.prefill_tokens == 0 && self.decode_tokens == 0
+    }
+}
+
+/// The engine: queue, running batch, block manager, executor.
+pub struct Engine<E: Executor> {
+    config: EngineConfig,
+    executor: E,
+    blocks: BlockManager,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    eos_ids: Vec<u32>,
+    next_id: u64,
+    stats: EngineStats,
+    tiering: Tiering,
+}
+
+impl<E: Executor> Engine<E> {
+    pub fn new(config: EngineConfig, executor: E, eos_ids: Vec<u32>, sink: Box<dyn EventSink>) -> Engine<E> {
+        let blocks = BlockManager::new(executor.num_blocks(), executor.block_size(), executor.model_id(), sink);
+        Engine {
+            config,
+            executor,
+            blocks,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            eos_ids,
+            next_id: 0,
+            stats: EngineStats::default(),
+            tiering: Tiering::default(),
+        }
+    }
+
+    /// Adds the host and network tiers below the pool.
+    pub fn with_tiering(mut self, tiering: Tiering) -> Engine<E> {
+        self.tiering = tiering;
+        self
+    }
+
+    pub fn tiering(&self) -> &Tiering {
+        &self.tiering
+    }
+
+    /// Tier events (host and network spills) since the last call.
+    pub fn take_tier_events(&mut self) -> Vec<KvEvent> {
+        self.tiering.take_events()
+    }
+
+    /// KV bytes of one token in the pool.
+    pub fn bytes_per_token(&self) -> f64 {
+        self.executor.bytes_per_block() as f64 / self.blocks.block_size() as f64
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn blocks(&self) -> &BlockManager {
+        &self.blocks
+    }
+
+    pub fn executor(&self) -> &E {
+        &self.executor
+    }
+
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Prompt tokens of waiting and running sequences not yet computed.
+    pub fn queued_prefill_tokens(&self) -> u64 {
+        let pending = |seq: &Sequence| seq.tokens.len().saturating_sub(seq.computed.max(1)) as u64;
+        self.waiting.iter().map(pending).sum::<u64>() + self.running.iter().map(pending).sum::<u64>()
+    }
+
+    /// Checks a request against the model and the pool without queuing it.
+    pub fn validate(&self, request: &AgentGenerateRequest) -> Result<(), GenerateError> {
+        let vocab = self.executor.vocab_size();
+        if let Some(bad) = request.prompt.iter().find(|&&id| id as usize >= vocab) {
+            return Err(GenerateError::InvalidArgument(format!("token id {bad} is outside the vocabulary (size {vocab})")));
+        }
+        if let Some(bad) = request.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(GenerateError::InvalidArgument(format!("stop token id {bad} is outside the vocabulary")));
+        }
+        let context = self.config.max_context;
+        if request.prompt.len() >= context {
+            return Err(GenerateError::InvalidArgument(format!(
+                "the prompt has {} tokens; the context holds {context}",
+                request.prompt.len()
+            )));
+        }
+        if request.prompt.len() + request.max_tokens as usize > context {
+            return Err(GenerateError::InvalidArgument(format!(
+                "prompt ({} tokens) plus max_tokens ({}) exceeds the context of {context} tokens",
+                request.prompt.len(),
+                request.max_tokens
+            )));
+        }
+        let blocks = self.blocks.blocks_for_tokens(request.prompt.len() + 1);
+        if blocks > self.blocks.num_blocks() {
+            return Err(GenerateError::InvalidArgument(format!(
+                "the prompt needs {blocks} KV blocks; the pool has {}",
+                self.blocks.num_blocks()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Queues a request; refuses it at once when invalid or when the queue is full.
+    pub fn submit(&mut self, request: AgentGenerateRequest, output: Box<dyn OutputSink>) -> Result<u64, GenerateError> {
+        self.submit_prefetched(request, output, Prefetched::default())
+    }
+
+    /// Queues a request with blocks already fetched from the network tier.
+    pub fn submit_prefetched(
+        &mut self,
+        request: AgentGenerateRequest,
+        output: Box<dyn OutputSink>,
+        prefetched: Prefetched,
+    ) -> Result<u64, GenerateError> {
+        self.validate(&request)?;
+        if self.waiting.len() >= self.config.max_waiting {
+            self.stats.rejected_total += 1;
+            return Err(GenerateError::Overloaded(format!(
+                "the agent's queue is full ({} waiting)",
+                self.config.max_waiting
+            )));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut stop_ids = request.stop_token_ids.clone();
+        if !request.ignore_eos {
+            stop_ids.extend(&self.eos_ids);
+        }
+        let sampler = Sampler::new(request.sampling, id);
+        self.waiting.push_back(Sequence {
+            id,
+            tokens: request.prompt.clone(),
+            prompt_len: request.prompt.len(),
+            request,
+            computed: 0,
+            cached_tokens: None,
+            sampler,
+            output,
+            stop_ids,
+            swapped: None,
+            prefetched,
+        });
+        Ok(id)
+    }
+
+    /// Drops a request wherever it is (the client went away).
+    pub fn cancel(&mut self, id: u64) {
+        if let Some(pos) = self.waiting.iter().position(|seq| seq.id == id) {
+            self.waiting.remove(pos);
+        }
+        if let Some(pos) = self.running.iter().position(|seq| seq.id == id) {
+            let seq = self.running.remove(pos);
+            self.blocks.release(seq.id);
+        }
+    }
+
+    /// Runs one scheduling step and one forward pass.
+    pub fn step(&mut self) -> StepReport {
+        let mut report = StepReport::default();
+        let mut budget = self.config.max_batch_tokens.max(1);
+        // (sequence id, tokens computed this step)
+        let mut plan: Vec<(u64, usize)> = Vec::new();
+
+        // 1. Decodes: one token each; preempt the newest when the pool is full.
+        let decode_ids: Vec<u64> = self.running.iter().filter(|s| s.computed + 1 == s.tokens.len()).map(|s| s.id).collect();
+        for id in decode_ids {
+            if budget == 0 {
+                break;
+            }
+            loop {
+                let Some(seq) = self.running.iter().find(|s| s.id == id) else { break };
+                let needed = seq.tokens.len();
+                if self.blocks.grow(id, needed).is_ok() {
+                    plan.push((id, 1));
+                    budget -= 1;
+                    break;
+                }
+                let Some(victim) = self.running.iter().map(|s| s.id).max() else { break };
+                self.preempt(victim);
+                plan.retain(|(planned, _)| *planned != victim);
+                report.preempted += 1;
+                if victim == id {
+                    break;
+                }
+            }
+        }
+
+        // 2. Prefill chunks (and re-prefills after a recompute preemption).
+        for seq in &self.running {
+            if budget == 0 {
+                break;
+            }
+            let pending = seq.tokens.len() - seq.computed;
+            if pending > 0 && !plan.iter().any(|(id, _)| *id == seq.id) {
+                let chunk = pending.min(budget);
+                plan.push((seq.id, chunk));
+                budget -= chunk;
+            }
+        }
+
+        // 3. Admission, first come first served.
+        while budget > 0 && self.running.len() < self.config.max_running {
+            let Some(seq) = self.waiting.front() else { break };
+            let hasher = (seq.request.cache_mode == CacheMode::Shared).then(|| self.blocks.hasher(&seq.request.cache_scope));
+            let known = if seq.swapped.is_some() { seq.computed } else { seq.tokens.len() };
+            let hashes = hasher.as_ref().map(|h| h.hashes(&seq.tokens[..known])).unwrap_or_default();
+            let reserve = (self.config.watermark * self.blocks.num_blocks() as f64).ceil() as usize;
+            // Admitting into an empty engine must never deadlock on the watermark.
+            let reserve = if self.running.is_empty() { 0 } else { reserve };
+            if !self.blocks.fits(&hashes, seq.tokens.len(), reserve) {
+                break;
+            }
+            let Some(mut seq) = self.waiting.pop_front() else { break };
+            let placed = self.blocks.place(seq.id, &seq.tokens, hasher);
+            let Ok(placement) = placed else {
+                self.waiting.push_front(seq);
+                break;
+            };
+            // Blocks just evicted still hold their data: save it before any write.
+            self.collect_evicted();
+            if let Some(saved) = seq.swapped.take() {
+                self.swap_in(&mut seq, saved, placement.cached_blocks);
+            } else {
+                let (host, network) = self.reload_from_tiers(&mut seq, &placement.prompt_hashes, placement.cached_blocks);
+                let reloaded = (placement.cached_blocks + host + network) * self.blocks.block_size();
+                seq.computed = placement.cached_tokens.max(reloaded.min(seq.tokens.len() - 1));
+                if seq.cached_tokens.is_none() {
+                    seq.cached_tokens = Some(seq.computed);
+                    self.stats.prompt_tokens_total += seq.prompt_len as u64;
+                    self.stats.prefix_hit_tokens_total += placement.cached_tokens as u64;
+                    let block = self.blocks.block_size() as u64;
+                    self.stats.host_hit_tokens_total += host as u64 * block;
+                    self.stats.network_hit_tokens_total += network as u64 * block;
+                }
+            }
+            let pending = seq.tokens.len() - seq.computed;
+            let chunk = pending.min(budget);
+            if chunk > 0 {
+                plan.push((seq.id, chunk));
+                budget -= chunk;
+            }
+            self.running.push(seq);
+        }
+
+        self.collect_evicted();
+        if plan.is_empty() {
+            return report;
+        }
+        self.execute(plan, &mut report);
+        report
+    }
+
+    fn execute(&mut self, plan: Vec<(u64, usize)>, report: &mut StepReport) {
+        let started = Instant::now();
+        let mut chunks = Vec::with_capacity(plan.len());
+        for &(id, len) in &plan {
+            let Some(seq) = self.running.iter().find(|s| s.id == id) else { continue };
+            let end = seq.computed + len;
+            chunks.push((id, seq.computed, end, end == seq.tokens.len()));
+        }
+        let logits = {
+            let specs: Vec<ChunkSpec<'_>> = chunks
+                .iter()
+                .filter_map(|&(id, start, end, want_logits)| {
+                    let seq = self.running.iter().find(|s| s.id == id)?;
+                    Some(ChunkSpec {
+                        tokens: &seq.tokens[start..end],
+                        start_pos: start,
+                        block_table: self.blocks.block_table(id),
+                        want_logits,
+                    })
+                })
+                .collect();
+            self.executor.execute(&specs)
+        };
+        let elapsed = started.elapsed().as_secs_f64();
+        let mut prefill = 0;
+        let mut decode = 0;
+        let mut finished = Vec::new();
+        for ((id, start, end, _), logits) in chunks.into_iter().zip(logits) {
+            let Some(seq) = self.running.iter_mut().find(|s| s.id == id) else { continue };
+            if seq.generated() == 0 || end - start > 1 { prefill += end - start } else { decode += 1 }
+            seq.computed = end;
+            self.blocks.register_computed(id, &seq.tokens[..end]);
+            let Some(logits) = logits else { continue };
+            let token = seq.sampler.sample(&logits);
+            seq.tokens.push(token);
+            self.stats.generated_tokens_total += 1;
+            let finish = if seq.stop_ids.contains(&token) {
+                Some(FinishReason::Stop)
+            } else if seq.generated() >= seq.request.max_tokens as usize {
+                Some(FinishReason::Length)
+            } else if seq.tokens.len() >= self.config.max_context {
+                Some(FinishReason::Context)
+            } else {
+                None
+            };
+            let usage = finish.map(|reason| {
+                (
+                    reason,
+                    Usage {
+                        prompt_tokens: seq.prompt_len as u32,
+                        completion_tokens: seq.generated() as u32,
+                        cached_tokens: seq.cached_tokens.unwrap_or(0) as u32,
+                    },
+                )
+            });
+            let logits = self.config.capture_logits.then_some(logits);
+            let cached_tokens = (seq.generated() == 1).then(|| seq.cached_tokens.unwrap_or(0) as u32);
+            let alive = seq.output.send(Output { tokens: vec![token], finished: usage, cached_tokens, logits });
+            if finish.is_some() || !alive {
+                finished.push(id);
+            }
+        }
+        for id in finished {
+            if let Some(pos) = self.running.iter().position(|s| s.id == id) {
+                let seq = self.running.remove(pos);
+                self.blocks.release(seq.id);
+                self.stats.requests_finished += 1;
+                report.finished += 1;
+            }
+        }
+        self.update_rates(prefill, decode, elapsed);
+        report.prefill_tokens = prefill;
+        report.decode_tokens = decode;
+    }
+
+    fn update_rates(&mut self, prefill: usize, decode: usize, elapsed: f64) {
+        const ALPHA: f64 = 0.2;
+        if prefill >= 16 && elapsed > 0.0 {
+            let rate = prefill as f64 / elapsed;
+            let old = self.stats.prefill_tokens_per_second;
+            self.stats.prefill_tokens_per_second = if old == 0.0 { rate } else { old + ALPHA * (rate - old) };
+        }
+        if prefill == 0 && decode > 0 {
+            let old = self.stats.decode_step_seconds;
+            self.stats.decode_step_seconds = if old == 0.0 { elapsed } else { old + ALPHA * (elapsed - old) };
+        }
+    }
+
+    fn preempt(&mut self, id: u64) {
+        let Some(pos) = self.running.iter().position(|s| s.id == id) else { return };
+        let mut seq = self.running.remove(pos);
+        let table: Vec<BlockId> = self.blocks.block_table(id).to_vec();
+        let used = seq.computed.div_ceil(self.blocks.block_size()).min(table.len());
+        let swap_bytes = (used * self.executor.bytes_per_block()) as u64;
+        // Swapped bytes are charged to host memory; when they do not fit, recompute.
+        if self.config.preemption == PreemptionMode::Swap && self.tiering.reserve_swap(swap_bytes) {
+            seq.swapped = Some(table[..used].iter().map(|&block| self.executor.read_block(block)).collect());
+            self.stats.preemptions_swap += 1;
+        } else {
+            seq.computed = 0;
+            self.stats.preemptions_recompute += 1;
+        }
+        self.blocks.release(id);
+        self.waiting.push_front(seq);
+    }
+
+    /// Restores a swapped sequence into freshly placed blocks.
+    fn swap_in(&mut self, seq: &mut Sequence, saved: Vec<Vec<u8>>, cached_blocks: usize) {
+        self.tiering.release_swap((saved.len() * self.executor.bytes_per_block()) as u64);
+        let table: Vec<BlockId> = self.blocks.block_table(seq.id).to_vec();
+        for (index, bytes) in saved.iter().enumerate().skip(cached_blocks) {
+            if let Some(&block) = table.get(index)
+                && self.executor.write_block(block, bytes).is_err()
+            {
+                // The saved bytes do not fit the pool: recompute from here on.
+                seq.computed = seq.computed.min(index * self.blocks.block_size());
+                return;
+            }
+        }
+        self.blocks.register_computed(seq.id, &seq.tokens[..seq.computed]);
+    }
+
+    /// Hands blocks evicted from the pool, with their bytes, to the tiers.
+    fn collect_evicted(&mut self) {
+        for evicted in self.blocks.take_evicted() {
+            let bytes = Arc::new(self.executor.read_block(evicted.block));
+            self.tiering.accept_evicted(evicted.hash, bytes);
+        }
+    }
+
+    /// Extends a placed sequence's pool match from host RAM, then from its
+    /// prefetched network blocks, copying hits into its pool blocks; returns
+    /// the blocks reloaded from each. Stops at the first miss, and does not
+    /// reload from a tier slower than recomputing.
+    fn reload_from_tiers(&mut self, seq: &mut Sequence, hashes: &[kvroute_proto::BlockHash], matched: usize) -> (usize, usize) {
+        if seq.request.cache_mode == CacheMode::Disabled {
+            return (0, 0);
+        }
+        let table: Vec<BlockId> = self.blocks.block_table(seq.id).to_vec();
+        let (per_token, prefill) = (self.bytes_per_token(), self.stats.prefill_tokens_per_second);
+        let use_host = tiering::reload_beats_recompute(self.tiering.host_bandwidth(), per_token, prefill);
+        let mut index = matched;
+        let (mut host, mut network) = (0, 0);
+        let started = Instant::now();
+        while use_host && index < hashes.len() {
+            let Some(bytes) = self.tiering.host_block(&hashes[index]) else { break };
+            if self.executor.write_block(table[index], &bytes).is_err() {
+                break;
+            }
+            index += 1;
+            host += 1;
+        }
+        if host > 0 {
+            self.tiering.record_host_copy(host * self.executor.bytes_per_block(), started);
+            crate::metrics::record_tier_hit(Tier::Host, host * self.blocks.block_size(), host);
+        }
+        while index < hashes.len() {
+            let Some(bytes) = seq.prefetched.get(index) else { break };
+            if self.executor.write_block(table[index], bytes).is_err() {
+                break;
+            }
+            index += 1;
+            network += 1;
+        }
+        if network > 0 {
+            crate::metrics::record_tier_hit(Tier::Network, network * self.blocks.block_size(), network);
+        }
+        seq.prefetched = Prefetched::default();
+        if index > matched {
+            self.blocks.register_computed(seq.id, &seq.tokens[..index * self.blocks.block_size()]);
+        }
+        (host, network)
+    }
+
+    /// Leading blocks of a chain held by the pool or host RAM.
+    pub fn resident_blocks(&self, hashes: &[kvroute_proto::BlockHash]) -> usize {
+        hashes
+            .iter()
+            .take_while(|hash| {
+                self.blocks.lookup(hash).is_some() || self.tiering.host.as_ref().is_some_and(|host| host.contains(hash))
+            })
+            .count()
+    }
+
+    /// Everything the pool and host RAM hold, as events (for a snapshot).
+    pub fn snapshot_events(&self) -> Vec<KvEvent> {
+        vec![
+            KvEvent::Stored { tier: Tier::Gpu, hashes: self.blocks.registered_hashes() },
+            KvEvent::Stored { tier: Tier::Host, hashes: self.tiering.host_hashes() },
+        ]
+    }
+}

@@ -1,0 +1,49 @@
+//! What a request gets back from the engine: streamed outputs and errors.
+
+use kvroute_proto::domain::FinishReason;
+
+/// Token accounting of one finished request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    /// Prompt tokens whose K/V came from a cache instead of being computed.
+    pub cached_tokens: u32,
+}
+
+/// One message to the requester: new tokens, and on the last one why it ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Output {
+    pub tokens: Vec<u32>,
+    pub finished: Option<(FinishReason, Usage)>,
+    /// Prompt tokens served from a cache, on the first output only.
+    pub cached_tokens: Option<u32>,
+    /// The logits the token was sampled from, when the engine captures them.
+    pub logits: Option<Vec<f32>>,
+}
+
+/// Where a request's outputs go. `send` returns false when the requester is
+/// gone, and the engine then drops the request.
+pub trait OutputSink: Send {
+    fn send(&mut self, output: Output) -> bool;
+}
+
+impl<F: FnMut(Output) -> bool + Send> OutputSink for F {
+    fn send(&mut self, output: Output) -> bool {
+        self(output)
+    }
+}
+
+/// Why a request was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GenerateError {
+    /// The request can never run as given (maps to INVALID_ARGUMENT).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The queue is full (maps to RESOURCE_EXHAUSTED).
+    #[error("{0}")]
+    Overloaded(String),
+    /// The engine is shutting down or gone (maps to UNAVAILABLE).
+    #[error("{0}")]
+    Unavailable(String),
+}

@@ -1,0 +1,150 @@
+//! The engine's side of the tiers: blocks evicted from the pool go to host
+//! RAM, blocks evicted from host RAM (and hot blocks, when write-through is on)
+//! go to the network tier's write queue, and admission extends a prompt's pool
+//! match from host RAM and from prefetched network blocks.
+
+use std::time::Instant;
+
+use kvroute_proto::block_hash::BlockHash;
+use kvroute_proto::domain::{KvEvent, Tier};
+
+use crate::metrics;
+use crate::tiers::host::{BlockBytes, HostTier};
+
+/// Queues a block for the network tier; returns false when it was dropped.
+pub type SpillFn = Box<dyn FnMut(BlockHash, BlockBytes) -> bool + Send>;
+
+/// Blocks fetched from the network tier for one request, by chain position.
+#[derive(Clone, Debug, Default)]
+pub struct Prefetched {
+    /// Index of the first fetched block in the prompt's chain.
+    pub first_block: usize,
+    pub blocks: Vec<BlockBytes>,
+}
+
+impl Prefetched {
+    pub fn get(&self, block_index: usize) -> Option<&BlockBytes> {
+        block_index.checked_sub(self.first_block).and_then(|i| self.blocks.get(i))
+    }
+}
+
+/// Host tier, network spill, and the tier events they produce.
+#[derive(Default)]
+pub struct Tiering {
+    pub host: Option<HostTier>,
+    pub spill: Option<SpillFn>,
+    events: Vec<KvEvent>,
+    /// Moving average of host-to-pool copy bandwidth, bytes per second.
+    host_bandwidth: f64,
+}
+
+impl Tiering {
+    pub fn new(host: Option<HostTier>, spill: Option<SpillFn>) -> Tiering {
+        Tiering { host, spill, events: Vec::new(), host_bandwidth: 0.0 }
+    }
+
+    /// Tier events since the last call.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    pub fn host_bandwidth(&self) -> f64 {
+        self.host_bandwidth
+    }
+
+    /// A block left the pool: keep it in host RAM (or send it on to the
+    /// network tier when there is no host tier).
+    pub fn accept_evicted(&mut self, hash: BlockHash, bytes: BlockBytes) {
+        match self.host.as_mut() {
+            Some(host) => {
+                let evicted = host.insert(hash, bytes);
+                if host.contains(&hash) {
+                    self.events.push(KvEvent::Stored { tier: Tier::Host, hashes: vec![hash] });
+                    metrics::record_tier_stored(Tier::Host, 1);
+                }
+                self.host_evicted(evicted);
+            }
+            None => self.spill(hash, bytes),
+        }
+    }
+
+    /// Sends a block to the network tier (write-through or host eviction).
+    pub fn spill(&mut self, hash: BlockHash, bytes: BlockBytes) {
+        if let Some(spill) = self.spill.as_mut() {
+            spill(hash, bytes);
+        }
+    }
+
+    fn host_evicted(&mut self, evicted: Vec<(BlockHash, BlockBytes)>) {
+        if evicted.is_empty() {
+            return;
+        }
+        metrics::record_tier_evicted(Tier::Host, evicted.len());
+        self.events.push(KvEvent::Removed { tier: Tier::Host, hashes: evicted.iter().map(|(h, _)| *h).collect() });
+        for (hash, bytes) in evicted {
+            self.spill(hash, bytes);
+        }
+    }
+
+    /// Charges swapped-out bytes to host memory; false when they cannot fit.
+    pub fn reserve_swap(&mut self, bytes: u64) -> bool {
+        let Some(host) = self.host.as_mut() else { return true };
+        match host.reserve(bytes) {
+            Ok(evicted) => {
+                self.host_evicted(evicted);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    pub fn release_swap(&mut self, bytes: u64) {
+        if let Some(host) = self.host.as_mut() {
+            host.unreserve(bytes);
+        }
+    }
+
+    /// The host tier's copy of a block, if it holds one.
+    pub fn host_block(&mut self, hash: &BlockHash) -> Option<BlockBytes> {
+        self.host.as_mut()?.get(hash)
+    }
+
+    /// Records a host-to-pool copy for the bandwidth estimate.
+    pub fn record_host_copy(&mut self, bytes: usize, started: Instant) {
+        const ALPHA: f64 = 0.2;
+        let seconds = started.elapsed().as_secs_f64().max(1e-7);
+        let rate = bytes as f64 / seconds;
+        self.host_bandwidth =
+            if self.host_bandwidth == 0.0 { rate } else { self.host_bandwidth + ALPHA * (rate - self.host_bandwidth) };
+        metrics::record_tier_reload(Tier::Host, 0, bytes, seconds);
+    }
+
+    /// Hashes held in host RAM (for a snapshot).
+    pub fn host_hashes(&self) -> Vec<BlockHash> {
+        self.host.as_ref().map(HostTier::hashes).unwrap_or_default()
+    }
+
+    pub fn host_len(&self) -> usize {
+        self.host.as_ref().map_or(0, HostTier::len)
+    }
+}
+
+/// The reload rule: reloading a block beats recomputing it when the tier's
+/// bandwidth exceeds KV bytes per token times prefill tokens per second.
+/// Unknown rates (0) favour reloading, so the first measurement can happen.
+pub fn reload_beats_recompute(bandwidth: f64, bytes_per_token: f64, prefill_tokens_per_second: f64) -> bool {
+    bandwidth == 0.0 || prefill_tokens_per_second == 0.0 || bandwidth > bytes_per_token * prefill_tokens_per_second
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reload_rule() {
+        // 23 KiB per token at 2,000 tokens/s needs 46 MB/s to pay off.
+        assert!(reload_beats_recompute(1e9, 23_040.0, 2_000.0));
+        assert!(!reload_beats_recompute(1e7, 23_040.0, 2_000.0));
+        assert!(reload_beats_recompute(0.0, 23_040.0, 2_000.0));
+    }
+}

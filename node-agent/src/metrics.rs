@@ -1,0 +1,161 @@
+//! Every metric the node-agent exports, declared in one place with typed
+//! record functions; label values are bounded (tier, mode, reason).
+
+use std::net::SocketAddr;
+
+use metrics::{counter, describe_counter, describe_gauge, gauge};
+use metrics_exporter_prometheus::PrometheusBuilder;
+
+use kvroute_proto::domain::Tier;
+
+use crate::engine::{Engine, Executor, GenerateError};
+
+pub const KV_BLOCKS_TOTAL: &str = "kvroute_agent_kv_blocks_total";
+pub const KV_BLOCKS_USED: &str = "kvroute_agent_kv_blocks_used";
+pub const KV_BLOCKS_CACHED: &str = "kvroute_agent_kv_blocks_cached";
+pub const KV_BLOCKS_FREE: &str = "kvroute_agent_kv_blocks_free";
+pub const PREFIX_HIT_TOKENS: &str = "kvroute_agent_prefix_hit_tokens_total";
+pub const PROMPT_TOKENS: &str = "kvroute_agent_prompt_tokens_total";
+pub const GENERATED_TOKENS: &str = "kvroute_agent_generated_tokens_total";
+pub const PREEMPTIONS: &str = "kvroute_agent_preemptions_total";
+pub const REQUESTS_WAITING: &str = "kvroute_agent_requests_waiting";
+pub const REQUESTS_RUNNING: &str = "kvroute_agent_requests_running";
+pub const REQUESTS_FINISHED: &str = "kvroute_agent_requests_finished_total";
+pub const REQUESTS_REJECTED: &str = "kvroute_agent_requests_rejected_total";
+pub const PREFILL_TOKENS_PER_SECOND: &str = "kvroute_agent_prefill_tokens_per_second";
+pub const DECODE_STEP_SECONDS: &str = "kvroute_agent_decode_step_seconds";
+
+/// Installs the Prometheus exporter with its HTTP listener on `addr`
+/// (`GET /metrics`, text format).
+pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
+    PrometheusBuilder::new().with_http_listener(addr).install()?;
+    describe();
+    describe_tiers();
+    Ok(())
+}
+
+fn describe() {
+    describe_gauge!(KV_BLOCKS_TOTAL, "KV blocks in the engine's pool.");
+    describe_gauge!(KV_BLOCKS_USED, "KV blocks referenced by running sequences.");
+    describe_gauge!(KV_BLOCKS_CACHED, "KV blocks holding cached prefixes that no sequence uses (evictable).");
+    describe_gauge!(KV_BLOCKS_FREE, "KV blocks holding nothing.");
+    describe_counter!(PREFIX_HIT_TOKENS, "Prompt tokens served from the prefix cache instead of computed.");
+    describe_counter!(PROMPT_TOKENS, "Prompt tokens of admitted requests.");
+    describe_counter!(GENERATED_TOKENS, "Tokens sampled.");
+    describe_counter!(PREEMPTIONS, "Running sequences preempted for lack of KV blocks, by mode.");
+    describe_gauge!(REQUESTS_WAITING, "Requests queued for admission.");
+    describe_gauge!(REQUESTS_RUNNING, "Requests in the running batch.");
+    describe_counter!(REQUESTS_FINISHED, "Requests that finished or were dropped by their client.");
+    describe_counter!(REQUESTS_REJECTED, "Requests refused at submission, by reason.");
+    describe_gauge!(PREFILL_TOKENS_PER_SECOND, "Moving average of measured prefill throughput.");
+    describe_gauge!(DECODE_STEP_SECONDS, "Moving average of one decode step.");
+}
+
+/// Publishes the engine's state (called at every heartbeat).
+pub fn record_engine<E: Executor>(engine: &Engine<E>) {
+    let blocks = engine.blocks();
+    let stats = engine.stats();
+    gauge!(KV_BLOCKS_TOTAL).set(blocks.num_blocks() as f64);
+    gauge!(KV_BLOCKS_USED).set(blocks.num_used() as f64);
+    gauge!(KV_BLOCKS_CACHED).set(blocks.num_cached() as f64);
+    gauge!(KV_BLOCKS_FREE).set((blocks.num_available() - blocks.num_cached()) as f64);
+    counter!(PREFIX_HIT_TOKENS).absolute(stats.prefix_hit_tokens_total);
+    counter!(PROMPT_TOKENS).absolute(stats.prompt_tokens_total);
+    counter!(GENERATED_TOKENS).absolute(stats.generated_tokens_total);
+    counter!(PREEMPTIONS, "mode" => "recompute").absolute(stats.preemptions_recompute);
+    counter!(PREEMPTIONS, "mode" => "swap").absolute(stats.preemptions_swap);
+    counter!(REQUESTS_FINISHED).absolute(stats.requests_finished);
+    gauge!(REQUESTS_WAITING).set(engine.num_waiting() as f64);
+    gauge!(REQUESTS_RUNNING).set(engine.num_running() as f64);
+    gauge!(PREFILL_TOKENS_PER_SECOND).set(stats.prefill_tokens_per_second);
+    gauge!(DECODE_STEP_SECONDS).set(stats.decode_step_seconds);
+}
+
+pub fn record_rejection(error: &GenerateError) {
+    let reason = match error {
+        GenerateError::InvalidArgument(_) => "invalid",
+        GenerateError::Overloaded(_) => "overloaded",
+        GenerateError::Unavailable(_) => "unavailable",
+    };
+    counter!(REQUESTS_REJECTED, "reason" => reason).increment(1);
+}
+
+pub const TIER_HIT_TOKENS: &str = "kvroute_agent_tier_hit_tokens_total";
+pub const TIER_STORED_BLOCKS: &str = "kvroute_agent_tier_stored_blocks_total";
+pub const TIER_EVICTED_BLOCKS: &str = "kvroute_agent_tier_evicted_blocks_total";
+pub const TIER_BYTES: &str = "kvroute_agent_tier_bytes_total";
+pub const TIER_RELOAD_SECONDS: &str = "kvroute_agent_tier_reload_seconds";
+pub const TIER_RELOADED_BLOCKS: &str = "kvroute_agent_tier_reloaded_blocks_total";
+pub const TIER_QUEUE_DEPTH: &str = "kvroute_agent_tier_queue_depth";
+pub const TIER_DROPPED: &str = "kvroute_agent_tier_dropped_total";
+pub const TIER_CORRUPT: &str = "kvroute_agent_tier_corrupt_total";
+pub const TIER_UP: &str = "kvroute_agent_tier_up";
+pub const TIER_BLOCKS: &str = "kvroute_agent_tier_blocks";
+pub const REDIS_ERRORS: &str = "kvroute_agent_redis_errors_total";
+
+pub fn describe_tiers() {
+    describe_counter!(TIER_HIT_TOKENS, "Prompt tokens reloaded from a lower tier instead of computed, by tier.");
+    describe_counter!(TIER_STORED_BLOCKS, "Blocks stored into a tier, by tier.");
+    describe_counter!(TIER_EVICTED_BLOCKS, "Blocks evicted from a tier, by tier.");
+    describe_counter!(TIER_BYTES, "Bytes moved to or from a tier, by tier and direction.");
+    metrics::describe_histogram!(TIER_RELOAD_SECONDS, metrics::Unit::Seconds, "Time to reload a run of blocks.");
+    describe_counter!(TIER_RELOADED_BLOCKS, "Blocks reloaded from a tier into the pool, by tier.");
+    describe_gauge!(TIER_QUEUE_DEPTH, "Blocks queued for writing to a tier.");
+    describe_counter!(TIER_DROPPED, "Spills dropped because the write queue was full or the tier down.");
+    describe_counter!(TIER_CORRUPT, "Records that failed verification, were deleted and recomputed.");
+    describe_gauge!(TIER_UP, "1 when the tier is reachable.");
+    describe_gauge!(TIER_BLOCKS, "Blocks held by a tier (host).");
+    describe_counter!(REDIS_ERRORS, "Redis operations that failed or timed out.");
+}
+
+pub fn record_tier_hit(tier: Tier, tokens: usize, blocks: usize) {
+    counter!(TIER_HIT_TOKENS, "tier" => tier.as_str()).increment(tokens as u64);
+    counter!(TIER_RELOADED_BLOCKS, "tier" => tier.as_str()).increment(blocks as u64);
+}
+
+pub fn record_tier_stored(tier: Tier, blocks: usize) {
+    counter!(TIER_STORED_BLOCKS, "tier" => tier.as_str()).increment(blocks as u64);
+}
+
+pub fn record_tier_evicted(tier: Tier, blocks: usize) {
+    counter!(TIER_EVICTED_BLOCKS, "tier" => tier.as_str()).increment(blocks as u64);
+}
+
+pub fn record_tier_blocks(tier: Tier, blocks: usize) {
+    gauge!(TIER_BLOCKS, "tier" => tier.as_str()).set(blocks as f64);
+}
+
+pub fn record_tier_reload(tier: Tier, blocks: usize, bytes: usize, seconds: f64) {
+    counter!(TIER_BYTES, "tier" => tier.as_str(), "direction" => "read").increment(bytes as u64);
+    metrics::histogram!(TIER_RELOAD_SECONDS, "tier" => tier.as_str()).record(seconds);
+    let _ = blocks;
+}
+
+pub fn record_tier_write(tier: Tier, blocks: usize, bytes: usize, _seconds: f64) {
+    counter!(TIER_BYTES, "tier" => tier.as_str(), "direction" => "write").increment(bytes as u64);
+    record_tier_stored(tier, blocks);
+}
+
+pub fn record_tier_queue(tier: Tier, depth: usize) {
+    gauge!(TIER_QUEUE_DEPTH, "tier" => tier.as_str()).set(depth as f64);
+}
+
+pub fn record_tier_drop(tier: Tier) {
+    record_tier_drops(tier, 1);
+}
+
+pub fn record_tier_drops(tier: Tier, blocks: usize) {
+    counter!(TIER_DROPPED, "tier" => tier.as_str()).increment(blocks as u64);
+}
+
+pub fn record_tier_corrupt(tier: Tier) {
+    counter!(TIER_CORRUPT, "tier" => tier.as_str()).increment(1);
+}
+
+pub fn record_tier_up(tier: Tier, up: bool) {
+    gauge!(TIER_UP, "tier" => tier.as_str()).set(if up { 1.0 } else { 0.0 });
+}
+
+pub fn record_redis_error() {
+    counter!(REDIS_ERRORS).increment(1);
+}

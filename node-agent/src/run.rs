@@ -1,0 +1,136 @@
+//! Wires the agent together: model, KV pool, engine thread, gRPC and metrics
+//! servers, and a graceful shutdown on SIGTERM or Ctrl-C.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use kvroute_proto::block_record::ModelFingerprint;
+use kvroute_proto::domain::{AgentInfo, Tier, TierInfo};
+
+use crate::config::ServeArgs;
+use crate::engine::tiering::SpillFn;
+use crate::engine::{Engine, Tiering};
+use crate::engine::model_executor::ModelExecutor;
+use crate::engine::thread::{EngineHandle, SharedSink, StreamIdentity};
+use crate::model::{KvStore, Model};
+use crate::server::AgentService;
+use crate::tiers::host::HostTier;
+use crate::tiers::network::NetworkTier;
+
+/// Runs the agent until SIGTERM or Ctrl-C.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    args.validate().map_err(anyhow::Error::msg)?;
+    if args.check_config {
+        println!("node-agent: configuration ok");
+        return Ok(());
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let model = Model::load(&args.model).with_context(|| format!("loading model {:?}", args.model))?;
+    let config = model.config().clone();
+    let geometry = config.kv_geometry(args.kv_dtype);
+    let block_size = args.block_size as usize;
+    let num_blocks =
+        args.num_blocks.unwrap_or_else(|| KvStore::blocks_for_bytes(geometry, block_size, args.kv_cache_bytes));
+    anyhow::ensure!(num_blocks > 0, "the KV budget holds no block of {} bytes", geometry.bytes_per_block(args.block_size));
+    let agent_id = args.agent_id.clone().unwrap_or_else(|| format!("agent-{}", args.listen.port()));
+    let epoch = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
+    let engine_config = args.engine_config(config.max_context);
+    let info = AgentInfo {
+        agent_id: agent_id.clone(),
+        epoch,
+        model_id: model.model_id().to_string(),
+        block_size: args.block_size,
+        kv_geometry: geometry,
+        vocab_size: config.vocab_size as u32,
+        max_context_tokens: engine_config.max_context as u32,
+        tiers: vec![
+            TierInfo { tier: Tier::Gpu, enabled: true, capacity_bytes: num_blocks as u64 * geometry.bytes_per_block(args.block_size) },
+            TierInfo { tier: Tier::Host, enabled: args.host_cache_bytes > 0, capacity_bytes: args.host_cache_bytes },
+            TierInfo { tier: Tier::Network, enabled: args.network_config().is_some(), capacity_bytes: 0 },
+        ],
+        // The agent works on token ids only; gateways check model id, block size and vocabulary size.
+        tokenizer_fingerprint: String::new(),
+        kv_blocks_total: num_blocks as u64,
+        eos_token_ids: model.eos_token_ids().to_vec(),
+    };
+    if let Some(addr) = args.metrics_addr {
+        crate::metrics::install(addr).with_context(|| format!("starting the metrics listener on {addr}"))?;
+    }
+    let eos = model.eos_token_ids().to_vec();
+    let kv = KvStore::new(geometry, num_blocks, block_size);
+    let bytes_per_block = kv.bytes_per_block() as u64;
+    let sink = SharedSink::default();
+    let network = args.network_config().map(|config| {
+        let events = sink.clone();
+        let fingerprint = ModelFingerprint::new(model.model_id(), &geometry, args.block_size);
+        NetworkTier::start(config, fingerprint, args.block_size, bytes_per_block, Arc::new(move |event| events.push(event)))
+    });
+    let host = (args.host_cache_bytes > 0).then(|| HostTier::new(args.host_cache_bytes));
+    let spill = network.clone().map(|network| Box::new(move |hash, bytes| network.spill(hash, bytes)) as SpillFn);
+    let engine = Engine::new(engine_config, ModelExecutor::new(model, kv), eos, Box::new(sink.clone()))
+        .with_tiering(Tiering::new(host, spill));
+    let engine = EngineHandle::spawn(engine, sink, StreamIdentity { agent_id: agent_id.clone(), epoch }, network.clone());
+    let service = AgentService::new(engine.clone(), info.clone(), network);
+    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    let local = listener.local_addr()?;
+    tracing::info!(
+        agent_id,
+        model = %info.model_id,
+        %local,
+        num_blocks,
+        kv_dtype = %args.kv_dtype,
+        block_size,
+        "node-agent serving"
+    );
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kvroute_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let drain_engine = engine.clone();
+    tonic::transport::Server::builder()
+        .add_service(service.into_server())
+        .add_service(reflection)
+        .serve_with_incoming_shutdown(incoming, async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down: draining");
+            drain_engine.drain();
+        })
+        .await?;
+    engine.shutdown();
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = terminate.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

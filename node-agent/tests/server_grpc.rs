@@ -1,0 +1,184 @@
+//! The node-agent binary over real sockets: Info, streaming Generate with
+//! usage, the event stream (snapshot, then deltas with increasing seq, and
+//! heartbeats), INVALID_ARGUMENT and RESOURCE_EXHAUSTED, and /metrics.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::Duration;
+
+use kvroute_proto::domain::{AgentInfo, KvEvent, KvEventBatch, Tier};
+use kvroute_proto::pb::{self, agent_client::AgentClient};
+use kvroute_test_support::{ChildProcess, free_port, wait_for_tcp};
+use tonic::Code;
+
+struct Agent {
+    _process: ChildProcess,
+    grpc: SocketAddr,
+    metrics: SocketAddr,
+}
+
+fn start_agent(extra: &[&str]) -> Agent {
+    let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_node-agent"));
+    command
+        .args(["--model", "tiny-random", "--num-blocks", "64", "--block-size", "4", "--agent-id", "test-agent"])
+        .args(["--listen", &grpc.to_string(), "--metrics-addr", &metrics.to_string()])
+        .args(extra);
+    let process = ChildProcess::spawn("node-agent", &mut command).unwrap();
+    wait_for_tcp(grpc, Duration::from_secs(60)).unwrap();
+    wait_for_tcp(metrics, Duration::from_secs(10)).unwrap();
+    Agent { _process: process, grpc, metrics }
+}
+
+async fn client(addr: SocketAddr) -> AgentClient<tonic::transport::Channel> {
+    AgentClient::connect(format!("http://{addr}")).await.unwrap()
+}
+
+fn generate_request(prompt: Vec<u32>, max_tokens: u32) -> pb::AgentGenerateRequest {
+    pb::AgentGenerateRequest { prompt_token_ids: prompt, max_tokens, ignore_eos: true, ..Default::default() }
+}
+
+async fn generate(client: &mut AgentClient<tonic::transport::Channel>, prompt: Vec<u32>, max_tokens: u32) -> (Vec<u32>, pb::Usage) {
+    let mut stream = client.generate(generate_request(prompt, max_tokens)).await.unwrap().into_inner();
+    let mut tokens = Vec::new();
+    let mut usage = None;
+    while let Some(message) = stream.message().await.unwrap() {
+        tokens.extend(message.token_ids);
+        if let Some(u) = message.usage {
+            assert_eq!(message.finish_reason, pb::FinishReason::Length as i32);
+            usage = Some(u);
+        }
+    }
+    (tokens, usage.expect("the final message carries usage"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generate_info_events_and_metrics() {
+    let agent = start_agent(&[]);
+    let mut client = client(agent.grpc).await;
+
+    let info = AgentInfo::try_from(client.info(pb::InfoRequest {}).await.unwrap().into_inner()).unwrap();
+    assert_eq!(info.agent_id, "test-agent");
+    assert_eq!(info.model_id, "tiny-random");
+    assert_eq!(info.block_size, 4);
+    assert_eq!(info.kv_blocks_total, 64);
+
+    let mut events = client.subscribe_kv_events(pb::SubscribeKvEventsRequest::default()).await.unwrap().into_inner();
+    let snapshot = KvEventBatch::try_from(events.message().await.unwrap().unwrap()).unwrap();
+    assert!(snapshot.snapshot);
+    assert_eq!(snapshot.seq, 0);
+    assert_eq!(snapshot.epoch, info.epoch);
+    assert_eq!(
+        snapshot.events,
+        vec![KvEvent::Stored { tier: Tier::Gpu, hashes: vec![] }, KvEvent::Stored { tier: Tier::Host, hashes: vec![] }]
+    );
+
+    let prompt: Vec<u32> = (100..118).collect();
+    let (first, usage) = generate(&mut client, prompt.clone(), 5).await;
+    assert_eq!(first.len(), 5);
+    assert_eq!((usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens), (18, 5, 0));
+    let (second, usage) = generate(&mut client, prompt.clone(), 5).await;
+    assert_eq!(second, first, "greedy decoding of a cached prefix gives the same tokens");
+    assert_eq!(usage.cached_tokens, 16);
+
+    // The deltas carry the prompt's 4 full blocks, with seq increasing by one.
+    let expected = kvroute_proto::block_hashes(4, "tiny-random", b"", &prompt);
+    let mut stored = Vec::new();
+    let mut last_seq = 0;
+    while stored.len() < expected.len() {
+        let batch = tokio::time::timeout(Duration::from_secs(5), events.message()).await.unwrap().unwrap().unwrap();
+        let batch = KvEventBatch::try_from(batch).unwrap();
+        assert_eq!(batch.seq, last_seq + 1);
+        last_seq = batch.seq;
+        for event in batch.events {
+            if let KvEvent::Stored { tier: Tier::Gpu, hashes } = event {
+                stored.extend(hashes);
+            }
+        }
+    }
+    assert_eq!(stored[..4], expected[..]);
+    // Heartbeats keep coming with load statistics.
+    let heartbeat = tokio::time::timeout(Duration::from_secs(2), events.message()).await.unwrap().unwrap().unwrap();
+    assert_eq!(heartbeat.load.unwrap().kv_blocks_total, 64);
+
+    let body = http_get(agent.metrics, "/metrics");
+    for name in [
+        "kvroute_agent_kv_blocks_total",
+        "kvroute_agent_kv_blocks_used",
+        "kvroute_agent_kv_blocks_cached",
+        "kvroute_agent_prefix_hit_tokens_total",
+        "kvroute_agent_prompt_tokens_total",
+        "kvroute_agent_preemptions_total",
+        "kvroute_agent_requests_waiting",
+        "kvroute_agent_requests_running",
+        "kvroute_agent_prefill_tokens_per_second",
+        "kvroute_agent_decode_step_seconds",
+    ] {
+        assert!(body.contains(name), "/metrics lacks {name}");
+    }
+    assert!(body.contains("kvroute_agent_prefix_hit_tokens_total 16"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_invalid_argument() {
+    let agent = start_agent(&[]);
+    let mut client = client(agent.grpc).await;
+    let cases = [
+        (generate_request(vec![], 4), "prompt"),
+        (generate_request(vec![1, 999_999], 4), "vocabulary"),
+        (generate_request(vec![1, 2], 0), "max_tokens"),
+        (generate_request(vec![1, 2], 1_000_000), "context"),
+        (
+            pb::AgentGenerateRequest {
+                sampling: Some(pb::SamplingParams { temperature: -1.0, ..Default::default() }),
+                ..generate_request(vec![1, 2], 4)
+            },
+            "temperature",
+        ),
+    ];
+    for (request, needle) in cases {
+        let status = client.generate(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{needle}: {status:?}");
+        assert!(status.message().contains(needle), "{needle}: {}", status.message());
+    }
+    // The agent still serves after bad input.
+    let (tokens, _) = generate(&mut client, vec![5, 6, 7], 2).await;
+    assert_eq!(tokens.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_resource_exhausted() {
+    let agent = start_agent(&["--max-waiting", "0"]);
+    let mut client = client(agent.grpc).await;
+    let status = client.generate(generate_request(vec![1, 2, 3], 2)).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(status.message().contains("queue is full"));
+}
+
+#[test]
+fn check_config_and_capacity_commands() {
+    let binary = env!("CARGO_BIN_EXE_node-agent");
+    let ok = Command::new(binary).args(["--kv-cache-bytes", "1GiB", "--kv-dtype", "fp8", "--check-config"]).output().unwrap();
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let bad = Command::new(binary).args(["--kv-dtype", "int3", "--check-config"]).output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("int3"));
+    let capacity = Command::new(binary)
+        .args(["capacity", "--layers", "32", "--kv-heads", "32", "--head-dim", "128", "--memory", "53GiB"])
+        .args(["--reserved-tokens", "8192", "--used-tokens", "2270"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(capacity.stdout).unwrap();
+    assert!(text.contains("contiguous reservation: 13"), "{text}");
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
