@@ -131,12 +131,9 @@ impl NetworkTier {
             events,
         });
         tokio::spawn(write_loop(shared.clone(), queue));
-        let tier = NetworkTier { shared, writes };
-        let probe = tier.clone();
-        tokio::spawn(async move {
-            let _ = probe.shared.connection().await;
-        });
-        tier
+        let weak = Arc::downgrade(&shared);
+        tokio::spawn(probe_loop(weak));
+        NetworkTier { shared, writes }
     }
 
     pub fn is_up(&self) -> bool {
@@ -318,6 +315,24 @@ impl Shared {
         let old = f64::from_bits(self.read_bandwidth.load(Ordering::Relaxed));
         let new = if old == 0.0 { bytes_per_second } else { old + ALPHA * (bytes_per_second - old) };
         self.read_bandwidth.store(new.to_bits(), Ordering::Relaxed);
+    }
+}
+
+/// Keeps the tier's up/down state true without traffic: reconnects (with
+/// backoff) while down, pings while up. Ends when the tier is dropped.
+async fn probe_loop(shared: std::sync::Weak<Shared>) {
+    const INTERVAL: Duration = Duration::from_millis(500);
+    loop {
+        tokio::time::sleep(INTERVAL).await;
+        let Some(shared) = shared.upgrade() else { return };
+        let Some(mut connection) = shared.connection().await else { continue };
+        let mut pipe = redis::pipe();
+        pipe.cmd("PING");
+        match tokio::time::timeout(shared.config.timeout, connection.run::<Vec<String>>(&pipe)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => shared.failed(&error.to_string()).await,
+            Err(_) => shared.failed("ping timed out").await,
+        }
     }
 }
 

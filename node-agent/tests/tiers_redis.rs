@@ -1,0 +1,271 @@
+//! The tiers below the pool with a real redis-server: blocks evicted from the
+//! pool reload from host RAM and from Redis, on the same engine and on a second
+//! engine sharing the Redis, bit-identical to a cold computation; records that
+//! do not verify are misses; Redis down or restarted never fails a request;
+//! scopes never share.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvroute_node_agent::engine::model_executor::ModelExecutor;
+use kvroute_node_agent::engine::tiering::SpillFn;
+use kvroute_node_agent::engine::thread::SharedSink;
+use kvroute_node_agent::engine::{Engine, EngineConfig, Output, Prefetched, Tiering};
+use kvroute_node_agent::model::{KvStore, Model};
+use kvroute_node_agent::tiers::host::HostTier;
+use kvroute_node_agent::tiers::network::{NetworkConfig, NetworkTier};
+use kvroute_proto::block_record::ModelFingerprint;
+use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, KvDtype, KvEvent, SamplingParams, Tier};
+use kvroute_proto::{BlockHash, BlockHasher};
+use kvroute_test_support::{RedisServer, free_port};
+
+const BLOCK: usize = 4;
+
+#[derive(Clone, Debug, Default)]
+struct Received {
+    tokens: Vec<u32>,
+    logits: Vec<Vec<u32>>,
+    cached_tokens: u32,
+}
+
+struct Agent {
+    engine: Engine<ModelExecutor>,
+    network: Option<NetworkTier>,
+    events: SharedSink,
+}
+
+fn fingerprint(model: &Model) -> ModelFingerprint {
+    ModelFingerprint::new(model.model_id(), &model.config().kv_geometry(KvDtype::Bf16), BLOCK as u32)
+}
+
+/// An engine whose pool holds `blocks` blocks, with a host tier of
+/// `host_blocks` blocks and an optional Redis tier.
+fn agent(blocks: usize, host_blocks: usize, redis: Option<String>) -> Agent {
+    let model = Model::load("tiny-random").unwrap();
+    let geometry = model.config().kv_geometry(KvDtype::Bf16);
+    let kv = KvStore::new(geometry, blocks, BLOCK);
+    let per_block = kv.bytes_per_block() as u64;
+    let events = SharedSink::default();
+    let network = redis.map(|url| {
+        let sink = events.clone();
+        let config = NetworkConfig { url: Some(url), timeout: Duration::from_millis(300), ..NetworkConfig::default() };
+        NetworkTier::start(config, fingerprint(&model), BLOCK as u32, per_block, Arc::new(move |e| sink.push(e)))
+    });
+    let host = (host_blocks > 0).then(|| HostTier::new(host_blocks as u64 * per_block));
+    let spill = network.clone().map(|n| Box::new(move |h, b| n.spill(h, b)) as SpillFn);
+    let config = EngineConfig { capture_logits: true, ..EngineConfig::default() };
+    let engine = Engine::new(config, ModelExecutor::new(model, kv), Vec::new(), Box::new(events.clone()))
+        .with_tiering(Tiering::new(host, spill));
+    Agent { engine, network, events }
+}
+
+fn request(prompt: &[u32], scope: &[u8]) -> AgentGenerateRequest {
+    AgentGenerateRequest {
+        request_id: String::new(),
+        prompt: prompt.to_vec(),
+        cache_scope: scope.to_vec(),
+        cache_mode: CacheMode::Shared,
+        sampling: SamplingParams::GREEDY,
+        max_tokens: 6,
+        stop_token_ids: Vec::new(),
+        ignore_eos: true,
+    }
+}
+
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32).map(|i| (seed * 7919 + i * 104_729) % 100_000).collect()
+}
+
+impl Agent {
+    /// Runs one request to completion, prefetching from the network tier first.
+    async fn run(&mut self, prompt: &[u32], scope: &[u8]) -> Received {
+        let prefetched = match &self.network {
+            Some(network) => {
+                let hashes = BlockHasher::new(BLOCK as u32, "tiny-random", scope).hashes(prompt);
+                let first = self.engine.resident_blocks(&hashes);
+                let blocks = network.fetch_run(&hashes[first..]).await;
+                Prefetched { first_block: first, blocks }
+            }
+            None => Prefetched::default(),
+        };
+        let received = Arc::new(Mutex::new(Received::default()));
+        let sink = received.clone();
+        let output = Box::new(move |output: Output| {
+            let mut r = sink.lock().unwrap();
+            r.tokens.extend(&output.tokens);
+            if let Some(logits) = output.logits {
+                r.logits.push(logits.iter().map(|x| x.to_bits()).collect());
+            }
+            if let Some((_, usage)) = output.finished {
+                r.cached_tokens = usage.cached_tokens;
+            }
+            true
+        });
+        self.engine.submit_prefetched(request(prompt, scope), output, prefetched).unwrap();
+        while self.engine.has_work() {
+            self.engine.step();
+        }
+        let r = received.lock().unwrap().clone();
+        r
+    }
+
+    /// Fills the pool (and host tier) with other prompts so earlier blocks leave.
+    async fn churn(&mut self, rounds: u32) {
+        for seed in 0..rounds {
+            self.run(&prompt(500 + seed, 20), b"churn").await;
+        }
+    }
+
+    fn stored(&mut self, tier: Tier) -> Vec<BlockHash> {
+        let mut events = self.events.take();
+        events.extend(self.engine.take_tier_events());
+        events
+            .into_iter()
+            .filter_map(|e| match e {
+                KvEvent::Stored { tier: t, hashes } if t == tier => Some(hashes),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+}
+
+async fn wait_for_writes(network: &NetworkTier) {
+    for _ in 0..200 {
+        if network.queue_depth() == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn assert_same(a: &Received, b: &Received) {
+    assert_eq!(a.tokens, b.tokens);
+    assert!(a.logits == b.logits, "logits are not bit-identical");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_tier_reload_is_bit_identical() {
+    let target = prompt(1, 22);
+    let cold = agent(64, 0, None).run(&target, b"").await;
+    let mut agent = agent(12, 64, None);
+    let first = agent.run(&target, b"").await;
+    assert_same(&cold, &first);
+    agent.churn(4).await;
+    assert!(agent.engine.blocks().probe(&BlockHasher::new(4, "tiny-random", b"").hashes(&target)).0 == 0);
+    assert!(!agent.stored(Tier::Host).is_empty(), "evicted blocks were stored in host RAM");
+    let again = agent.run(&target, b"").await;
+    assert_eq!(again.cached_tokens, 20, "five blocks reloaded from host RAM");
+    assert_same(&cold, &again);
+    assert_eq!(agent.engine.stats().host_hit_tokens_total, 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_reload_on_the_same_and_a_second_agent_is_bit_identical() {
+    let redis = RedisServer::start();
+    let target = prompt(2, 22);
+    let cold = agent(64, 0, None).run(&target, b"t:a").await;
+    // No host tier: blocks leaving the pool go straight to Redis.
+    let mut a = agent(12, 0, Some(redis.url()));
+    assert_same(&cold, &a.run(&target, b"t:a").await);
+    a.churn(4).await;
+    wait_for_writes(a.network.as_ref().unwrap()).await;
+    assert!(!a.stored(Tier::Network).is_empty(), "the writer reported network-tier stores");
+    let again = a.run(&target, b"t:a").await;
+    assert_eq!(again.cached_tokens, 20);
+    assert_same(&cold, &again);
+    assert_eq!(a.engine.stats().network_hit_tokens_total, 20);
+
+    // A second agent shares the Redis: it serves the prefix it never computed.
+    let mut b = agent(64, 0, Some(redis.url()));
+    let on_b = b.run(&target, b"t:a").await;
+    assert_eq!(on_b.cached_tokens, 20);
+    assert_same(&cold, &on_b);
+
+    // Another tenant sending the same prompt gets nothing from any tier.
+    let mut c = agent(64, 0, Some(redis.url()));
+    let other_tenant = c.run(&target, b"t:b").await;
+    assert_eq!(other_tenant.cached_tokens, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_records_are_misses_deleted_and_recomputed() {
+    let redis = RedisServer::start();
+    let target = prompt(3, 22);
+    let cold = agent(64, 0, None).run(&target, b"").await;
+    let mut a = agent(12, 0, Some(redis.url()));
+    a.run(&target, b"").await;
+    a.churn(4).await;
+    let network = a.network.clone().unwrap();
+    wait_for_writes(&network).await;
+    let hashes = BlockHasher::new(4, "tiny-random", b"").hashes(&target);
+    // Corrupt block 2's record: flip a payload byte.
+    let key = network.key(&hashes[2]);
+    let raw = redis.command(&[b"GET", key.as_bytes()]).unwrap();
+    assert!(raw.starts_with(b"$"), "block 2 is in Redis");
+    redis.command(&[b"SETRANGE", key.as_bytes(), b"150", b"\xff\xfe"]).unwrap();
+    let mut b = agent(64, 0, Some(redis.url()));
+    let result = b.run(&target, b"").await;
+    assert_eq!(result.cached_tokens, 8, "blocks 0 and 1 reload; block 2 does not verify");
+    assert_same(&cold, &result);
+    assert_eq!(redis.command(&[b"EXISTS", key.as_bytes()]).unwrap(), b":0\r\n", "the corrupt record was deleted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_at_start_then_back_never_fails_a_request() {
+    let target = prompt(4, 22);
+    let cold = agent(64, 0, None).run(&target, b"").await;
+    // Nothing listens on this port yet.
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}/0");
+    let mut a = agent(12, 0, Some(url));
+    for _ in 0..3 {
+        assert_same(&cold, &a.run(&target, b"").await);
+        a.churn(3).await;
+    }
+    assert!(!a.network.as_ref().unwrap().is_up());
+    // Redis comes up on that port: the tier recovers within the backoff.
+    let redis = RedisServer::start_on_port(port);
+    let network = a.network.clone().unwrap();
+    // The tier probes in the background: it comes back without any traffic.
+    for _ in 0..100 {
+        if network.is_up() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(network.is_up(), "the tier reconnected");
+    a.run(&target, b"").await;
+    a.churn(4).await;
+    wait_for_writes(&network).await;
+    let again = a.run(&target, b"").await;
+    assert_eq!(again.cached_tokens, 20, "reloaded from the Redis that came back");
+    assert_same(&cold, &again);
+
+    // Killed mid-run: requests still complete, from recomputation, and the
+    // tier reports itself down.
+    let mut redis = redis;
+    redis.kill();
+    for _ in 0..3 {
+        a.churn(2).await;
+        assert_same(&cold, &a.run(&target, b"").await);
+    }
+    for _ in 0..50 {
+        if !network.is_up() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!network.is_up(), "a dead Redis is reported down");
+    redis.restart();
+    for _ in 0..100 {
+        if network.is_up() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(network.is_up(), "and up again once it is back");
+}
