@@ -259,9 +259,19 @@ impl std::fmt::Debug for ChatRenderer {
 
 /// A piece of the rendering, tokenized on its own.
 enum Rendering {
-    Pieces(Vec<String>),
+    Pieces(Vec<Piece>),
     Whole(String),
 }
+
+/// One message's share of the rendered text.
+struct Piece {
+    text: String,
+    /// The content of the assistant message this piece renders, if any.
+    reply: Option<String>,
+}
+
+/// Looks up the exact token ids a reply was generated as.
+pub type ReplyLookup<'a> = &'a dyn Fn(&str) -> Option<Arc<[u32]>>;
 
 impl ChatRenderer {
     /// A renderer with the given Jinja template (usually the tokenizer's
@@ -309,12 +319,36 @@ impl ChatRenderer {
         tools: &[Value],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, ChatError> {
+        self.render_tokens_with_replies(messages, tools, add_generation_prompt, &|_| None)
+    }
+
+    /// Like [`ChatRenderer::render_tokens`], but an assistant message whose
+    /// content `replies` knows is rendered with the exact ids it was generated
+    /// as (re-tokenizing generated text can give other ids, and break the
+    /// prefix a replica already holds).
+    pub fn render_tokens_with_replies(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        add_generation_prompt: bool,
+        replies: ReplyLookup<'_>,
+    ) -> Result<Vec<u32>, ChatError> {
         let tools = canonical_tools(tools);
         Ok(match self.pieces(messages, &tools, add_generation_prompt)? {
             Rendering::Pieces(pieces) => {
                 let mut out = Vec::new();
                 for piece in &pieces {
-                    out.extend_from_slice(&self.tokenize_piece(piece));
+                    let known = piece.reply.as_deref().filter(|reply| !reply.is_empty()).and_then(|reply| {
+                        let ids = replies(reply)?;
+                        piece.text.strip_prefix(reply).map(|rest| (ids, rest))
+                    });
+                    match known {
+                        Some((ids, rest)) => {
+                            out.extend_from_slice(&ids);
+                            out.extend_from_slice(&self.tokenize_piece(rest));
+                        }
+                        None => out.extend_from_slice(&self.tokenize_piece(&piece.text)),
+                    }
                 }
                 out
             }
@@ -344,7 +378,7 @@ impl ChatRenderer {
                     && prompt.len() > done.len()
                     && prompt.starts_with(done.as_str())
                 {
-                    pieces.push(prompt[done.len()..].to_string());
+                    pieces.push(Piece { text: prompt[done.len()..].to_string(), reply: None });
                     done = prompt;
                 }
             }
@@ -355,7 +389,11 @@ impl ChatRenderer {
                 return whole(self);
             }
             if text.len() > done.len() {
-                pieces.push(text[done.len()..].to_string());
+                let message = &messages[end - 1];
+                let reply = (message.role == "assistant" && message.tool_calls.is_empty())
+                    .then(|| message.content.clone())
+                    .flatten();
+                pieces.push(Piece { text: text[done.len()..].to_string(), reply });
             }
             done = text;
         }
@@ -365,7 +403,7 @@ impl ChatRenderer {
                 return Ok(Rendering::Whole(text));
             }
             if text.len() > done.len() {
-                pieces.push(text[done.len()..].to_string());
+                pieces.push(Piece { text: text[done.len()..].to_string(), reply: None });
             }
         } else if messages.is_empty() {
             return whole(self);

@@ -10,9 +10,12 @@ use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Parser)]
 #[command(name = "gateway", version, about = "kvroute gateway: cache-aware routing for LLM replicas")]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub serve: crate::config::ServeArgs,
 }
 
 #[derive(Debug, Subcommand)]

@@ -3,8 +3,25 @@
 //! Layout:
 //! - [`tokenizer`]: byte-level BPE tokenizers (built-in cl100k_base, GGUF, tokenizer.json).
 //! - [`chat`]: deterministic chat rendering with the model's template.
-//! - [`cli`]: the command-line interface of the `gateway` binary.
+//! - [`routing`]: the synchronous routing core: prefix index, scoring policies, traffic sketches.
+//! - [`router`]: glue between the async shell and the routing core.
+//! - [`upstream`]: the replicas: clients, event subscriptions, health, discovery.
+//! - [`service`]: the request path shared by HTTP and gRPC: route, call, retry, stream text.
+//! - [`http`], [`grpc`]: the ingress.
+//! - [`tenants`]: API keys and cache scopes; [`replies`]: exact ids of generated replies.
+//! - [`metrics`]: every exported metric; [`config`], [`cli`], [`run`]: the binary.
 
 pub mod chat;
 pub mod cli;
+pub mod config;
+pub mod grpc;
+pub mod http;
+pub mod metrics;
+pub mod replies;
+pub mod router;
+pub mod routing;
+pub mod run;
+pub mod service;
+pub mod tenants;
 pub mod tokenizer;
+pub mod upstream;

@@ -1,0 +1,208 @@
+//! The routing core at fleet scale: prefix-index lookup of a 2,000-token prompt
+//! with 64 replicas and 1,000,000 indexed blocks, the whole routing decision
+//! from token ids, event ingestion into a full index, and memory per entry.
+//! Criterion reports means; p50/p99 come from a loop of single timed calls.
+//!
+//! Run: `cargo bench -j2 -p kvroute-gateway --bench routing -- --warm-up-time 1 --measurement-time 3`
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use kvroute_gateway::routing::scoring::cache_aware;
+use kvroute_gateway::routing::{
+    IndexConfig, PrefixIndex, RandomSource, ReplicaId, ReplicaView, RouteRequest, ScoringConfig, SplitMix64,
+};
+use kvroute_proto::domain::{KvEvent, LoadStats, Tier};
+use kvroute_proto::{BlockHash, BlockHasher};
+
+const REPLICAS: usize = 64;
+const ENTRIES: usize = 1_000_000;
+const PROMPT_TOKENS: usize = 2_000;
+const PROMPT_BLOCKS: usize = PROMPT_TOKENS / 16;
+
+fn random_hash(rng: &mut SplitMix64) -> BlockHash {
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&rng.next_u64().to_le_bytes());
+    bytes[8..].copy_from_slice(&rng.next_u64().to_le_bytes());
+    BlockHash(bytes)
+}
+
+fn prompt_tokens(variant: u32) -> Vec<u32> {
+    (0..PROMPT_TOKENS as u32).map(|i| (i * 31 + variant * 7_919) % 100_000).collect()
+}
+
+/// A full index: 8,000 chains of 125 blocks, each on the gpu of one to three
+/// replicas with a host-tier tail, plus the benchmark prompt's chain held by
+/// four replicas (gpu, host, network) so that a lookup walks all 125 blocks.
+fn full_index(prompt: &[BlockHash]) -> PrefixIndex {
+    let index =
+        PrefixIndex::new(IndexConfig { max_entries: ENTRIES, max_replicas: REPLICAS, ..IndexConfig::default() })
+            .unwrap_or_else(|error| panic!("index: {error}"));
+    let mut rng = SplitMix64::new(1);
+    for replica in 0..REPLICAS as ReplicaId {
+        let _ = index.set_network_tier_up(replica, true);
+    }
+    let chains = (ENTRIES - PROMPT_BLOCKS) / PROMPT_BLOCKS;
+    for _ in 0..chains {
+        let chain: Vec<BlockHash> = (0..PROMPT_BLOCKS).map(|_| random_hash(&mut rng)).collect();
+        for _ in 0..=rng.below(3) {
+            let replica = rng.below(REPLICAS) as ReplicaId;
+            let split = 60 + rng.below(60);
+            let _ = index.apply_events(
+                replica,
+                &[
+                    KvEvent::Stored { tier: Tier::Gpu, hashes: chain[..split].to_vec() },
+                    KvEvent::Stored { tier: Tier::Host, hashes: chain[split..].to_vec() },
+                ],
+            );
+        }
+    }
+    let _ = index.apply(3, &KvEvent::Stored { tier: Tier::Gpu, hashes: prompt.to_vec() });
+    let _ = index.apply(17, &KvEvent::Stored { tier: Tier::Gpu, hashes: prompt[..50].to_vec() });
+    let _ = index.apply(17, &KvEvent::Stored { tier: Tier::Host, hashes: prompt[50..].to_vec() });
+    let _ = index.apply(40, &KvEvent::Stored { tier: Tier::Network, hashes: prompt.to_vec() });
+    index
+}
+
+fn views() -> Vec<ReplicaView> {
+    (0..REPLICAS as ReplicaId)
+        .map(|id| ReplicaView {
+            id,
+            healthy: true,
+            load: LoadStats {
+                waiting_requests: u32::from(id % 5),
+                running_requests: u32::from(id % 7),
+                queued_prefill_tokens: u64::from(id) * 100,
+                kv_blocks_used: u64::from(id) * 150,
+                kv_blocks_total: 10_000,
+                prefill_tokens_per_second: 10_000.0,
+                decode_step_seconds: 0.02,
+                host_bytes_per_second: 20e9,
+                network_bytes_per_second: 2e9,
+                network_tier_up: true,
+                draining: false,
+                queue_capacity: 256,
+            },
+            block_size: 16,
+            bytes_per_block: 2 << 20,
+        })
+        .collect()
+}
+
+/// Times `runs` single calls and prints mean, p50, p99 and max.
+fn percentiles(label: &str, runs: usize, mut call: impl FnMut()) {
+    let mut samples: Vec<Duration> = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let started = Instant::now();
+        call();
+        samples.push(started.elapsed());
+    }
+    samples.sort_unstable();
+    let mean = samples.iter().sum::<Duration>() / runs as u32;
+    let at = |q: f64| samples[((runs as f64 * q) as usize).min(runs - 1)];
+    println!(
+        "{label}: mean {:.2} us, p50 {:.2} us, p99 {:.2} us, max {:.2} us ({runs} single calls)",
+        mean.as_secs_f64() * 1e6,
+        at(0.50).as_secs_f64() * 1e6,
+        at(0.99).as_secs_f64() * 1e6,
+        samples[runs - 1].as_secs_f64() * 1e6,
+    );
+}
+
+fn routing(c: &mut Criterion) {
+    let hasher = BlockHasher::new(16, "bench-model", b"");
+    let tokens = prompt_tokens(0);
+    let prompt = hasher.hashes(&tokens);
+    let started = Instant::now();
+    let index = full_index(&prompt);
+    let stats = index.stats();
+    println!(
+        "index: {} entries, {} slots of {} bytes, {:.1} MB; {:.1} bytes per entry at the cap; filled in {:.2} s",
+        stats.entries,
+        stats.slots,
+        stats.slot_bytes,
+        stats.memory_bytes as f64 / 1e6,
+        index.bytes_per_entry_at_cap(),
+        started.elapsed().as_secs_f64(),
+    );
+    let check = index.lookup(&prompt, 0);
+    assert_eq!(check.get(3).gpu_blocks as usize, PROMPT_BLOCKS);
+    assert_eq!(check.get(17).host_blocks as usize, PROMPT_BLOCKS - 50);
+    assert_eq!(check.get(0).network_blocks as usize, PROMPT_BLOCKS);
+
+    c.bench_function("index_lookup_125_blocks_64_replicas_1m_entries", |b| {
+        b.iter(|| black_box(index.lookup(black_box(&prompt), 0)))
+    });
+    percentiles("index lookup (125 blocks, 64 replicas, 1M entries)", 200_000, || {
+        black_box(index.lookup(black_box(&prompt), 0));
+    });
+
+    let replicas = views();
+    let config = ScoringConfig::default();
+    let decide = |rng: &mut SplitMix64| {
+        let hashes = hasher.hashes(black_box(&tokens));
+        let lookup = index.lookup(&hashes, 0);
+        let request = RouteRequest { hashes: &hashes, prompt_tokens: tokens.len(), session_key: None };
+        black_box(cache_aware(&request, &replicas, &lookup, &config, rng))
+    };
+    let mut rng = SplitMix64::new(7);
+    assert_eq!(decide(&mut rng).chosen, Some(3));
+    c.bench_function("decision_from_2000_token_ids_64_replicas", |b| b.iter(|| decide(&mut rng)));
+    percentiles("routing decision from 2,000 token ids (hash + lookup + cache_aware, 64 replicas)", 50_000, || {
+        decide(&mut rng);
+    });
+
+    // Ingestion into the full index: every stored block is new and evicts one.
+    let mut group = c.benchmark_group("ingestion");
+    group.throughput(Throughput::Elements(PROMPT_BLOCKS as u64));
+    let mut source = SplitMix64::new(99);
+    group.bench_function("stored_125_new_blocks_into_full_index", |b| {
+        b.iter_batched(
+            || {
+                let hashes: Vec<BlockHash> = (0..PROMPT_BLOCKS).map(|_| random_hash(&mut source)).collect();
+                (source.below(REPLICAS) as ReplicaId, [KvEvent::Stored { tier: Tier::Gpu, hashes }])
+            },
+            |(replica, events)| index.apply_events(replica, &events),
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+    let batches: Vec<(ReplicaId, Vec<KvEvent>)> = (0..4_000)
+        .map(|_| {
+            let hashes: Vec<BlockHash> = (0..PROMPT_BLOCKS).map(|_| random_hash(&mut source)).collect();
+            let removed = hashes[..25].to_vec();
+            let replica = source.below(REPLICAS) as ReplicaId;
+            (
+                replica,
+                vec![
+                    KvEvent::Stored { tier: Tier::Gpu, hashes },
+                    KvEvent::Removed { tier: Tier::Gpu, hashes: removed.clone() },
+                    KvEvent::Stored { tier: Tier::Host, hashes: removed },
+                ],
+            )
+        })
+        .collect();
+    let events: usize = batches
+        .iter()
+        .flat_map(|(_, events)| events)
+        .map(|event| match event {
+            KvEvent::Stored { hashes, .. } | KvEvent::Removed { hashes, .. } => hashes.len(),
+            KvEvent::Cleared { .. } => 1,
+        })
+        .sum();
+    let started = Instant::now();
+    for (replica, events) in &batches {
+        let _ = index.apply_events(*replica, events);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "event ingestion into a full index: {events} block events in {:.3} s = {:.2} M block events/s ({} evictions so far)",
+        seconds,
+        events as f64 / seconds / 1e6,
+        index.stats().evictions,
+    );
+}
+
+criterion_group!(benches, routing);
+criterion_main!(benches);

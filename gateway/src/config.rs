@@ -1,0 +1,104 @@
+//! Configuration of `gateway` (serving); every default lives here.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::routing::{IndexConfig, PolicyKind};
+use crate::service::ServiceConfig;
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// HTTP listen address (OpenAI-compatible API, /health, /ready, /metrics).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub http_addr: SocketAddr,
+    /// gRPC listen address (kvroute.v1.Generate, with reflection).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub grpc_addr: SocketAddr,
+    /// Node-agents as host:port, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub agents: Vec<String>,
+    /// A DNS name:port re-resolved periodically (e.g. a Kubernetes headless service).
+    #[arg(long)]
+    pub agents_dns: Option<String>,
+    /// Seconds between DNS re-resolutions.
+    #[arg(long, default_value_t = 5)]
+    pub dns_interval_secs: u64,
+    /// Served model id; default: the first replica's.
+    #[arg(long)]
+    pub model_id: Option<String>,
+    /// Tokenizer: `builtin` (cl100k_base), the `.gguf` model file the agents serve, or a `tokenizer.json`.
+    #[arg(long, default_value = "builtin")]
+    pub tokenizer: String,
+    /// Tokens per KV block; replicas with another block size are refused.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub block_size: u32,
+    /// Routing policy.
+    #[arg(long, default_value = "cache_aware", value_parser = parse_policy)]
+    pub policy: PolicyKind,
+    /// API keys file (`KEY TENANT [private|global|off]` per line); none: open mode.
+    #[arg(long)]
+    pub api_keys: Option<PathBuf>,
+    /// Largest accepted request body in bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// Block hashes kept in the prefix index.
+    #[arg(long, default_value_t = IndexConfig::default().max_entries)]
+    pub index_max_entries: usize,
+    /// A replica whose event stream is quiet this long is unhealthy (milliseconds).
+    #[arg(long, default_value_t = 1000)]
+    pub heartbeat_timeout_ms: u64,
+    /// How long routed blocks count as pending on their replica (milliseconds).
+    #[arg(long, default_value_t = 3000)]
+    pub pending_ttl_ms: u64,
+    /// Replicas tried per request before giving up.
+    #[arg(long, default_value_t = ServiceConfig::default().max_attempts)]
+    pub max_attempts: usize,
+    /// max_tokens when a request gives none.
+    #[arg(long, default_value_t = ServiceConfig::default().default_max_tokens)]
+    pub default_max_tokens: u32,
+    /// Seed of the routing tie-break RNG.
+    #[arg(long, default_value_t = 0x6b76_726f_7574_65)]
+    pub seed: u64,
+    /// Seconds to let in-flight requests finish after SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_grace_secs: u64,
+    /// Parse and check the configuration, then exit.
+    #[arg(long)]
+    pub check_config: bool,
+}
+
+fn parse_policy(name: &str) -> Result<PolicyKind, String> {
+    PolicyKind::from_name(name).ok_or_else(|| format!("unknown policy {name:?}; one of {}", PolicyKind::names().join(", ")))
+}
+
+impl ServeArgs {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.agents.is_empty() && self.agents_dns.is_none() {
+            return Err("give --agents host:port[,host:port...] or --agents-dns name:port".into());
+        }
+        if self.max_attempts == 0 || self.heartbeat_timeout_ms == 0 || self.index_max_entries == 0 {
+            return Err("--max-attempts, --heartbeat-timeout-ms and --index-max-entries must be positive".into());
+        }
+        if let Some(dns) = &self.agents_dns
+            && !dns.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+        {
+            return Err(format!("--agents-dns {dns:?} is not name:port"));
+        }
+        Ok(())
+    }
+
+    pub fn service_config(&self) -> ServiceConfig {
+        ServiceConfig {
+            max_attempts: self.max_attempts,
+            default_max_tokens: self.default_max_tokens,
+            ..ServiceConfig::default()
+        }
+    }
+
+    pub fn heartbeat_timeout(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_timeout_ms)
+    }
+}

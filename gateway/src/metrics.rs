@@ -1,0 +1,134 @@
+//! Every metric the gateway exports, declared in one place with typed record
+//! functions. Labels are bounded: route, status class, reason, and the replica
+//! endpoint (one per agent); never prompt text, keys or tenant names.
+
+use std::time::Duration;
+
+use kvroute_proto::domain::LoadStats;
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+pub const REQUESTS: &str = "kvroute_gateway_requests_total";
+pub const TTFT: &str = "kvroute_gateway_ttft_seconds";
+pub const E2E: &str = "kvroute_gateway_request_seconds";
+pub const ROUTING_DECISION: &str = "kvroute_gateway_routing_decision_seconds";
+pub const PREDICTED_CACHED: &str = "kvroute_gateway_predicted_cached_tokens_total";
+pub const ACTUAL_CACHED: &str = "kvroute_gateway_cached_tokens_total";
+pub const PROMPT_TOKENS: &str = "kvroute_gateway_prompt_tokens_total";
+pub const REPLICA_HEALTHY: &str = "kvroute_gateway_replica_healthy";
+pub const REPLICA_WAITING: &str = "kvroute_gateway_replica_waiting_requests";
+pub const REPLICA_RUNNING: &str = "kvroute_gateway_replica_running_requests";
+pub const REPLICA_KV_USAGE: &str = "kvroute_gateway_replica_kv_usage_ratio";
+pub const REPLICA_QUEUED_PREFILL: &str = "kvroute_gateway_replica_queued_prefill_tokens";
+pub const INDEX_ENTRIES: &str = "kvroute_gateway_index_entries";
+pub const INDEX_BYTES: &str = "kvroute_gateway_index_bytes";
+pub const EVENTS: &str = "kvroute_gateway_kv_events_total";
+pub const EVENT_INGEST: &str = "kvroute_gateway_event_ingest_seconds";
+pub const RESUBSCRIPTIONS: &str = "kvroute_gateway_resubscriptions_total";
+pub const REFUSED_REPLICAS: &str = "kvroute_gateway_replicas_refused_total";
+pub const RETRIES: &str = "kvroute_gateway_retries_total";
+pub const REJECTIONS: &str = "kvroute_gateway_rejections_total";
+pub const REPEATED_PREFIX_RATIO: &str = "kvroute_gateway_repeated_prefix_ratio";
+pub const PREFIX_CHURN: &str = "kvroute_gateway_prefix_churn_total";
+
+/// Installs the recorder; the handle renders `/metrics`.
+pub fn install() -> anyhow::Result<PrometheusHandle> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets(&[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0])?
+        .install_recorder()?;
+    describe();
+    Ok(handle)
+}
+
+fn describe() {
+    describe_counter!(REQUESTS, "Requests by route and status code.");
+    describe_histogram!(TTFT, Unit::Seconds, "Time from request arrival to the first token.");
+    describe_histogram!(E2E, Unit::Seconds, "Time from request arrival to the last token.");
+    describe_histogram!(ROUTING_DECISION, Unit::Seconds, "Time to hash, look up and score one request.");
+    describe_counter!(PREDICTED_CACHED, "Prompt tokens the routing decision expected to find cached.");
+    describe_counter!(ACTUAL_CACHED, "Prompt tokens the replicas reported as cached.");
+    describe_counter!(PROMPT_TOKENS, "Prompt tokens routed.");
+    describe_gauge!(REPLICA_HEALTHY, "1 when the replica is healthy and routable.");
+    describe_gauge!(REPLICA_WAITING, "Requests waiting on the replica.");
+    describe_gauge!(REPLICA_RUNNING, "Requests running on the replica.");
+    describe_gauge!(REPLICA_KV_USAGE, "Fraction of the replica's KV blocks in use.");
+    describe_gauge!(REPLICA_QUEUED_PREFILL, "Prompt tokens queued for prefill on the replica.");
+    describe_gauge!(INDEX_ENTRIES, "Block hashes in the prefix index.");
+    describe_gauge!(INDEX_BYTES, "Approximate memory of the prefix index.");
+    describe_counter!(EVENTS, "KV events ingested from replicas.");
+    describe_histogram!(EVENT_INGEST, Unit::Seconds, "Time to apply one event batch to the index.");
+    describe_counter!(RESUBSCRIPTIONS, "Event-stream resubscriptions (gap, new epoch, timeout, error).");
+    describe_counter!(REFUSED_REPLICAS, "Replicas refused for a mismatched model, block size or vocabulary.");
+    describe_counter!(RETRIES, "Requests retried on another replica before their first token.");
+    describe_counter!(REJECTIONS, "Requests rejected, by reason.");
+    describe_gauge!(REPEATED_PREFIX_RATIO, "Fraction of incoming prompt blocks seen recently.");
+    describe_counter!(PREFIX_CHURN, "Prefix-churn alarms: a tenant's requests keep diverging at block 0.");
+}
+
+pub fn record_request(route: &'static str, status: u16) {
+    counter!(REQUESTS, "route" => route, "status" => status.to_string()).increment(1);
+}
+
+pub fn record_ttft(route: &'static str, elapsed: Duration) {
+    histogram!(TTFT, "route" => route).record(elapsed.as_secs_f64());
+}
+
+pub fn record_e2e(route: &'static str, elapsed: Duration) {
+    histogram!(E2E, "route" => route).record(elapsed.as_secs_f64());
+}
+
+pub fn record_decision(elapsed: Duration, prompt_tokens: usize, predicted_cached_tokens: usize) {
+    histogram!(ROUTING_DECISION).record(elapsed.as_secs_f64());
+    counter!(PROMPT_TOKENS).increment(prompt_tokens as u64);
+    counter!(PREDICTED_CACHED).increment(predicted_cached_tokens as u64);
+}
+
+pub fn record_cached(tokens: u32) {
+    counter!(ACTUAL_CACHED).increment(u64::from(tokens));
+}
+
+pub fn record_replica_health(endpoint: &str, healthy: bool) {
+    gauge!(REPLICA_HEALTHY, "replica" => endpoint.to_string()).set(if healthy { 1.0 } else { 0.0 });
+}
+
+pub fn record_replica_load(endpoint: &str, load: &LoadStats) {
+    let replica = endpoint.to_string();
+    gauge!(REPLICA_WAITING, "replica" => replica.clone()).set(f64::from(load.waiting_requests));
+    gauge!(REPLICA_RUNNING, "replica" => replica.clone()).set(f64::from(load.running_requests));
+    gauge!(REPLICA_KV_USAGE, "replica" => replica.clone()).set(load.kv_usage());
+    gauge!(REPLICA_QUEUED_PREFILL, "replica" => replica).set(load.queued_prefill_tokens as f64);
+}
+
+pub fn record_index(entries: usize, bytes: usize) {
+    gauge!(INDEX_ENTRIES).set(entries as f64);
+    gauge!(INDEX_BYTES).set(bytes as f64);
+}
+
+pub fn record_event_ingest(events: usize, elapsed: Duration) {
+    counter!(EVENTS).increment(events as u64);
+    histogram!(EVENT_INGEST).record(elapsed.as_secs_f64());
+}
+
+pub fn record_resubscription() {
+    counter!(RESUBSCRIPTIONS).increment(1);
+}
+
+pub fn record_replica_refused() {
+    counter!(REFUSED_REPLICAS).increment(1);
+}
+
+pub fn record_retry() {
+    counter!(RETRIES).increment(1);
+}
+
+pub fn record_rejection(reason: &'static str) {
+    counter!(REJECTIONS, "reason" => reason).increment(1);
+}
+
+pub fn record_repeated_prefix_ratio(ratio: f64) {
+    gauge!(REPEATED_PREFIX_RATIO).set(ratio);
+}
+
+pub fn record_prefix_churn() {
+    counter!(PREFIX_CHURN).increment(1);
+}

@@ -1,0 +1,198 @@
+//! Glue between the async shell and the synchronous routing core: feeds the
+//! prefix index from replica events, builds replica views from the pool, and
+//! runs the policy, the repeated-prefix sketch and the churn detector.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use kvroute_proto::BlockHash;
+use kvroute_proto::domain::{KvEvent, LoadStats};
+use serde_json::{Value, json};
+
+use crate::metrics;
+use crate::routing::{
+    ChurnConfig, ChurnDetector, Decision, Exclusion, IndexConfig, LookupResult, Millis, Policy, PrefixIndex,
+    PrefixSketch, ReplicaView, RouteRequest, SketchConfig, SplitMix64,
+};
+use crate::upstream::{IndexSink, Pool, ReplicaId};
+
+/// A routing decision in the shell's terms.
+#[derive(Clone, Debug, Default)]
+pub struct RoutePlan {
+    /// Eligible replicas, best first: a failed attempt moves to the next.
+    pub candidates: Vec<ReplicaId>,
+    pub predicted_cached_tokens: usize,
+    /// Every known replica is excluded because its queue is full.
+    pub all_full: bool,
+}
+
+/// The gateway's routing state.
+pub struct Router {
+    index: PrefixIndex,
+    policy: Mutex<Policy>,
+    rng: Mutex<SplitMix64>,
+    sketch: PrefixSketch,
+    churn: Mutex<ChurnDetector>,
+    pending_ttl: Millis,
+    origin: Instant,
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router").field("index_entries", &self.index.len()).finish()
+    }
+}
+
+impl Router {
+    pub fn new(policy: Policy, index: IndexConfig, seed: u64, pending_ttl: Millis) -> anyhow::Result<Router> {
+        Ok(Router {
+            index: PrefixIndex::new(index).map_err(|error| anyhow::anyhow!("prefix index: {error}"))?,
+            policy: Mutex::new(policy),
+            rng: Mutex::new(SplitMix64::new(seed)),
+            sketch: PrefixSketch::new(&SketchConfig::default()),
+            churn: Mutex::new(ChurnDetector::new(ChurnConfig::default())),
+            pending_ttl,
+            origin: Instant::now(),
+        })
+    }
+
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.lock().map(|policy| policy.name()).unwrap_or("unknown")
+    }
+
+    fn now(&self) -> Millis {
+        self.origin.elapsed().as_millis() as Millis
+    }
+
+    fn views(pool: &Pool) -> Vec<ReplicaView> {
+        pool.replicas()
+            .iter()
+            .filter_map(|replica| {
+                let state = replica.state();
+                let info = state.info?;
+                Some(ReplicaView {
+                    id: replica.id,
+                    healthy: state.healthy,
+                    load: state.load,
+                    block_size: info.block_size,
+                    bytes_per_block: info.kv_geometry.bytes_per_block(info.block_size),
+                })
+            })
+            .collect()
+    }
+
+    fn decide(&self, hashes: &[BlockHash], prompt_tokens: usize, views: &[ReplicaView], record: bool) -> (Decision, LookupResult) {
+        let lookup = self.index.lookup(hashes, self.now());
+        let request = RouteRequest { hashes, prompt_tokens, session_key: None };
+        let mut fallback = SplitMix64::new(0);
+        let mut rng_guard = self.rng.lock();
+        let rng: &mut SplitMix64 = match rng_guard.as_mut() {
+            Ok(rng) => rng,
+            Err(_) => &mut fallback,
+        };
+        let decision = match self.policy.lock() {
+            Ok(mut policy) if record => policy.decide(&request, views, &lookup, rng),
+            Ok(policy) => policy.explain(&request, views, &lookup, rng),
+            Err(_) => Decision { policy: "unavailable", chosen: None, rule: "internal", candidates: Vec::new() },
+        };
+        (decision, lookup)
+    }
+
+    /// Chooses replicas for a request and updates the traffic sketches.
+    pub fn plan(&self, hashes: &[BlockHash], prompt_tokens: usize, pool: &Pool, tenant: &str, prompt: &[u32]) -> RoutePlan {
+        let views = Self::views(pool);
+        let (decision, _) = self.decide(hashes, prompt_tokens, &views, true);
+        self.sketch.observe(hashes);
+        metrics::record_repeated_prefix_ratio(self.sketch.ratio());
+        if let Ok(mut churn) = self.churn.lock()
+            && let Some(alarm) = churn.observe(tenant, prompt)
+        {
+            metrics::record_prefix_churn();
+            if churn.should_log(self.now()) {
+                tracing::warn!(
+                    first_differing_token = alarm.first_differing_token,
+                    streak = alarm.streak,
+                    "prefix churn: consecutive requests of one tenant differ at block 0 (variable content at the top of the prompt?)"
+                );
+            }
+        }
+        let block_size = pool.block_size();
+        let all_full = !decision.candidates.is_empty()
+            && decision.candidates.iter().all(|candidate| candidate.excluded == Some(Exclusion::QueueFull));
+        RoutePlan {
+            candidates: decision.ranked(),
+            predicted_cached_tokens: decision.predicted_cached_tokens(block_size) as usize,
+            all_full,
+        }
+    }
+
+    /// Records that a request's blocks are on their way to `replica`.
+    pub fn sent(&self, replica: ReplicaId, hashes: &[BlockHash]) {
+        self.index.add_pending(replica, hashes, self.now(), self.pending_ttl);
+    }
+
+    /// Each replica's matched blocks per tier, predicted TTFT, and the choice.
+    pub fn explain(&self, hashes: &[BlockHash], prompt_tokens: usize, pool: &Pool) -> Value {
+        let views = Self::views(pool);
+        let (decision, _) = self.decide(hashes, prompt_tokens, &views, false);
+        let endpoint = |id: ReplicaId| pool.get(id).map(|replica| replica.endpoint.clone()).unwrap_or_default();
+        let candidates: Vec<Value> = decision
+            .candidates
+            .iter()
+            .map(|candidate| {
+                json!({
+                    "replica": endpoint(candidate.replica),
+                    "gpu_blocks": candidate.gpu_blocks,
+                    "host_blocks": candidate.host_blocks,
+                    "network_blocks": candidate.network_blocks,
+                    "predicted_ttft_s": candidate.predicted_ttft_s,
+                    "queue_wait_s": candidate.prediction.queue_wait_s,
+                    "compute_s": candidate.prediction.compute_s,
+                    "over_kv_watermark": candidate.over_kv_watermark,
+                    "policy_score": candidate.policy_score,
+                    "excluded": candidate.excluded.map(Exclusion::as_str),
+                })
+            })
+            .collect();
+        json!({
+            "policy": decision.policy,
+            "rule": decision.rule,
+            "prompt_tokens": prompt_tokens,
+            "prompt_blocks": hashes.len(),
+            "chosen": decision.chosen.map(endpoint),
+            "candidates": candidates,
+        })
+    }
+
+    /// Publishes index gauges (called when /metrics is scraped).
+    pub fn publish_metrics(&self) {
+        let stats = self.index.stats();
+        metrics::record_index(stats.entries, stats.memory_bytes);
+    }
+}
+
+impl IndexSink for Router {
+    fn snapshot(&self, replica: ReplicaId, events: &[KvEvent]) {
+        if let Err(error) = self.index.apply_snapshot(replica, events) {
+            tracing::warn!(replica, %error, "cannot apply a snapshot");
+        }
+    }
+
+    fn apply(&self, replica: ReplicaId, events: &[KvEvent]) {
+        if let Err(error) = self.index.apply_events(replica, events) {
+            tracing::warn!(replica, %error, "cannot apply events");
+        }
+    }
+
+    fn load(&self, replica: ReplicaId, load: &LoadStats) {
+        let _ = self.index.set_network_tier_up(replica, load.network_tier_up);
+    }
+
+    fn forget(&self, replica: ReplicaId) {
+        let _ = self.index.remove_replica(replica);
+    }
+}

@@ -1,0 +1,35 @@
+//! The routing core: the prefix index, the policies that score replicas, and
+//! the traffic sketches behind two metrics. Synchronous and free of I/O: the
+//! async shell feeds it events and load, passes time in as [`Millis`] and
+//! randomness as a [`RandomSource`], and the simulator replays it.
+//!
+//! - [`index`]: which replica holds which block in which tier; lock-free reads.
+//! - [`scoring`]: request and replica inputs, the decision, the TTFT model.
+//! - [`policy`]: `cache_aware` and the baselines, by name.
+//! - [`prefix_hash`], [`approx_radix`]: the two stateful baselines.
+//! - [`sketch`]: the repeated-prefix ratio; [`churn`]: the block-0 churn detector.
+//! - [`rng`]: the injected random source.
+
+pub mod approx_radix;
+pub mod churn;
+pub mod index;
+mod pending;
+pub mod policy;
+pub mod prefix_hash;
+pub mod rng;
+pub mod scoring;
+pub mod sketch;
+mod table;
+
+/// A replica's dense id, assigned by the caller (below the index's `max_replicas`).
+pub type ReplicaId = u16;
+
+/// Milliseconds from an origin the caller chooses (monotonic in practice).
+pub type Millis = u64;
+
+pub use churn::{ChurnAlarm, ChurnConfig, ChurnDetector};
+pub use index::{IndexConfig, IndexError, IndexStats, LookupResult, PrefixIndex, ReplicaMatch};
+pub use policy::{Policy, PolicyKind, UnknownPolicy};
+pub use rng::{RandomSource, SplitMix64};
+pub use scoring::{CandidateScore, Decision, Exclusion, Prediction, ReplicaView, RouteRequest, ScoringConfig};
+pub use sketch::{PrefixSketch, SketchConfig};

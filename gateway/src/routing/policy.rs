@@ -1,0 +1,322 @@
+//! The routing policies by name: `cache_aware` (the default) and the baselines
+//! kvroute is compared against. Each is deterministic given its state and the
+//! injected [`RandomSource`].
+
+use std::fmt;
+
+use super::approx_radix::RadixHistory;
+use super::index::LookupResult;
+use super::prefix_hash::HashRing;
+use super::rng::RandomSource;
+use super::scoring::{
+    Decision, ReplicaView, RouteRequest, ScoringConfig, break_tie, cache_aware, candidates, lowest_then_random,
+};
+
+/// Which policy, without its state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PolicyKind {
+    /// Minimum predicted TTFT from tiered matches, queue and rates.
+    CacheAware,
+    RoundRobin,
+    Random,
+    /// Fewest queued plus running requests.
+    LeastLoaded,
+    /// Consistent hashing of the leading blocks with bounded loads.
+    PrefixHash,
+    /// SGLang-style: a tree built from this gateway's own routing history.
+    ApproxRadix,
+    /// Dynamo's KV router cost: weighted prefill blocks plus decode blocks.
+    Dynamo,
+    /// llm-d's default scorers: prefix 3, queue 2, KV utilisation 2.
+    Llmd,
+}
+
+impl PolicyKind {
+    pub const ALL: [PolicyKind; 8] = [
+        PolicyKind::CacheAware,
+        PolicyKind::RoundRobin,
+        PolicyKind::Random,
+        PolicyKind::LeastLoaded,
+        PolicyKind::PrefixHash,
+        PolicyKind::ApproxRadix,
+        PolicyKind::Dynamo,
+        PolicyKind::Llmd,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::CacheAware => "cache_aware",
+            PolicyKind::RoundRobin => "round_robin",
+            PolicyKind::Random => "random",
+            PolicyKind::LeastLoaded => "least_loaded",
+            PolicyKind::PrefixHash => "prefix_hash",
+            PolicyKind::ApproxRadix => "approx_radix",
+            PolicyKind::Dynamo => "dynamo",
+            PolicyKind::Llmd => "llmd",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<PolicyKind> {
+        PolicyKind::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// Every policy name, the default first.
+    pub fn names() -> [&'static str; 8] {
+        PolicyKind::ALL.map(PolicyKind::name)
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A policy name that is not one of [`PolicyKind::names`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown routing policy {name:?}; expected one of {}", PolicyKind::names().join(", "))]
+pub struct UnknownPolicy {
+    pub name: String,
+}
+
+/// A policy with its state: the round-robin position, the hash ring, the
+/// routing-history tree.
+#[derive(Debug)]
+pub struct Policy {
+    kind: PolicyKind,
+    config: ScoringConfig,
+    next_round_robin: u64,
+    ring: Option<HashRing>,
+    history: Option<RadixHistory>,
+}
+
+impl Policy {
+    pub fn new(kind: PolicyKind, config: ScoringConfig) -> Policy {
+        let history = (kind == PolicyKind::ApproxRadix).then(|| RadixHistory::new(config.radix_max_blocks));
+        Policy { kind, config, next_round_robin: 0, ring: None, history }
+    }
+
+    /// The named policy with the default [`ScoringConfig`].
+    pub fn from_name(name: &str) -> Result<Policy, UnknownPolicy> {
+        PolicyKind::from_name(name)
+            .map(|kind| Policy::new(kind, ScoringConfig::default()))
+            .ok_or_else(|| UnknownPolicy { name: name.to_string() })
+    }
+
+    pub fn kind(&self) -> PolicyKind {
+        self.kind
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    pub fn config(&self) -> &ScoringConfig {
+        &self.config
+    }
+
+    /// The routing-history tree of `approx_radix`.
+    pub fn history(&self) -> Option<&RadixHistory> {
+        self.history.as_ref()
+    }
+
+    /// Chooses a replica for `request` and records the choice in the
+    /// policy's state (round-robin position, routing history).
+    pub fn decide(
+        &mut self,
+        request: &RouteRequest<'_>,
+        replicas: &[ReplicaView],
+        lookup: &LookupResult,
+        rng: &mut dyn RandomSource,
+    ) -> Decision {
+        if self.kind == PolicyKind::PrefixHash {
+            let current = self.ring.as_ref().is_some_and(|ring| ring.serves(replicas));
+            if !current {
+                self.ring = Some(HashRing::new(replicas, self.config.prefix_hash_virtual_nodes));
+            }
+        }
+        let decision = self.explain(request, replicas, lookup, rng);
+        if let Some(chosen) = decision.chosen {
+            match self.kind {
+                PolicyKind::RoundRobin => self.next_round_robin = self.next_round_robin.wrapping_add(1),
+                PolicyKind::ApproxRadix => {
+                    if let Some(history) = self.history.as_mut() {
+                        history.insert(request.hashes, chosen);
+                    }
+                }
+                _ => {}
+            }
+        }
+        decision
+    }
+
+    /// The decision [`Policy::decide`] would make, without recording it
+    /// (for the explain endpoint).
+    pub fn explain(
+        &self,
+        request: &RouteRequest<'_>,
+        replicas: &[ReplicaView],
+        lookup: &LookupResult,
+        rng: &mut dyn RandomSource,
+    ) -> Decision {
+        let config = &self.config;
+        match self.kind {
+            PolicyKind::CacheAware => cache_aware(request, replicas, lookup, config, rng),
+            PolicyKind::RoundRobin => round_robin(self.next_round_robin, request, replicas, lookup, config),
+            PolicyKind::Random => random(request, replicas, lookup, config, rng),
+            PolicyKind::LeastLoaded => least_loaded(request, replicas, lookup, config, rng),
+            PolicyKind::PrefixHash => {
+                let built;
+                let ring = match self.ring.as_ref().filter(|ring| ring.serves(replicas)) {
+                    Some(ring) => ring,
+                    None => {
+                        built = HashRing::new(replicas, config.prefix_hash_virtual_nodes);
+                        &built
+                    }
+                };
+                ring.decide(request, replicas, lookup, config, rng)
+            }
+            PolicyKind::ApproxRadix => match self.history.as_ref() {
+                Some(history) => history.decide(request, replicas, lookup, config, rng),
+                None => RadixHistory::new(0).decide(request, replicas, lookup, config, rng),
+            },
+            PolicyKind::Dynamo => dynamo(request, replicas, lookup, config, rng),
+            PolicyKind::Llmd => llmd(request, replicas, lookup, config, rng),
+        }
+    }
+}
+
+fn decision(policy: PolicyKind, chosen: Option<usize>, rule: &'static str, replicas: &[ReplicaView]) -> Decision {
+    Decision {
+        policy: policy.name(),
+        chosen: chosen.map(|index| replicas[index].id),
+        rule: if chosen.is_some() { rule } else { "no_eligible_replica" },
+        candidates: Vec::new(),
+    }
+}
+
+/// The next eligible replica in id order, one step per routed request.
+fn round_robin(
+    position: u64,
+    request: &RouteRequest<'_>,
+    replicas: &[ReplicaView],
+    lookup: &LookupResult,
+    config: &ScoringConfig,
+) -> Decision {
+    let mut lines = candidates(request, replicas, lookup, config);
+    let mut eligible: Vec<usize> = (0..replicas.len()).filter(|&index| lines[index].excluded.is_none()).collect();
+    eligible.sort_by_key(|&index| replicas[index].id);
+    let count = eligible.len() as u64;
+    let mut chosen = None;
+    for (rank, &index) in eligible.iter().enumerate() {
+        // Distance after the current position in the rotation.
+        let distance = (rank as u64 + count - position % count.max(1)) % count.max(1);
+        lines[index].policy_score = distance as f64;
+        if distance == 0 {
+            chosen = Some(index);
+        }
+    }
+    Decision { candidates: lines, ..decision(PolicyKind::RoundRobin, chosen, "rotation", replicas) }
+}
+
+/// A uniformly random eligible replica.
+fn random(
+    request: &RouteRequest<'_>,
+    replicas: &[ReplicaView],
+    lookup: &LookupResult,
+    config: &ScoringConfig,
+    rng: &mut dyn RandomSource,
+) -> Decision {
+    let mut lines = candidates(request, replicas, lookup, config);
+    let eligible: Vec<usize> = (0..replicas.len()).filter(|&index| lines[index].excluded.is_none()).collect();
+    for line in &mut lines {
+        line.policy_score = 0.0;
+    }
+    let chosen = (!eligible.is_empty()).then(|| eligible[rng.below(eligible.len())]);
+    Decision { candidates: lines, ..decision(PolicyKind::Random, chosen, "random", replicas) }
+}
+
+/// Fewest queued plus running requests; ties by queued prefill tokens, then the RNG.
+fn least_loaded(
+    request: &RouteRequest<'_>,
+    replicas: &[ReplicaView],
+    lookup: &LookupResult,
+    config: &ScoringConfig,
+    rng: &mut dyn RandomSource,
+) -> Decision {
+    let mut lines = candidates(request, replicas, lookup, config);
+    for (line, view) in lines.iter_mut().zip(replicas) {
+        // Requests first; queued tokens (scaled below one request) second.
+        let tokens = view.load.queued_prefill_tokens as f64;
+        line.policy_score = view.requests() as f64 + tokens / (tokens + 1e6);
+    }
+    let chosen = lowest_then_random(&lines, rng);
+    Decision { candidates: lines, ..decision(PolicyKind::LeastLoaded, chosen, "least_loaded", replicas) }
+}
+
+/// Dynamo's published KV-router cost (temperature 0):
+/// `logit = overlap_weight * prefill_blocks + decode_blocks`, where
+/// `prefill_blocks = request_blocks - overlap` with tier-weighted overlap
+/// (gpu 1, host `dynamo_host_credit`, network `dynamo_network_credit`) and
+/// `decode_blocks` the replica's KV blocks in use. Lowest wins; exact ties by RNG.
+fn dynamo(
+    request: &RouteRequest<'_>,
+    replicas: &[ReplicaView],
+    lookup: &LookupResult,
+    config: &ScoringConfig,
+    rng: &mut dyn RandomSource,
+) -> Decision {
+    let mut lines = candidates(request, replicas, lookup, config);
+    for (line, view) in lines.iter_mut().zip(replicas) {
+        let request_blocks = (request.prompt_tokens as f64 / f64::from(view.block_size.max(1))).ceil();
+        let overlap = f64::from(line.gpu_blocks)
+            + config.dynamo_host_credit * f64::from(line.host_blocks)
+            + config.dynamo_network_credit * f64::from(line.network_blocks);
+        let prefill_blocks = (request_blocks - overlap).max(0.0);
+        line.policy_score = config.dynamo_overlap_weight * prefill_blocks + view.load.kv_blocks_used as f64;
+    }
+    let chosen = lowest_then_random(&lines, rng);
+    Decision { candidates: lines, ..decision(PolicyKind::Dynamo, chosen, "lowest_logit", replicas) }
+}
+
+/// llm-d's default scheduler profile: `3 * prefix + 2 * queue + 2 * kv`, where
+/// prefix is the fraction of request blocks the replica holds (gpu or host),
+/// queue is min-max normalised waiting requests (fewer is better, 1 when all
+/// equal) and kv is `1 - usage`. Highest wins (its score is negated so that
+/// lower is better, like every policy score); exact ties by RNG.
+fn llmd(
+    request: &RouteRequest<'_>,
+    replicas: &[ReplicaView],
+    lookup: &LookupResult,
+    config: &ScoringConfig,
+    rng: &mut dyn RandomSource,
+) -> Decision {
+    let mut lines = candidates(request, replicas, lookup, config);
+    let waiting = |index: usize| f64::from(replicas[index].load.waiting_requests);
+    let eligible: Vec<usize> = (0..replicas.len()).filter(|&index| lines[index].excluded.is_none()).collect();
+    let most = eligible.iter().map(|&index| waiting(index)).fold(f64::NEG_INFINITY, f64::max);
+    let least = eligible.iter().map(|&index| waiting(index)).fold(f64::INFINITY, f64::min);
+    let request_blocks = request.hashes.len();
+    for (index, line) in lines.iter_mut().enumerate() {
+        let prefix = if request_blocks == 0 {
+            0.0
+        } else {
+            f64::from(line.gpu_blocks + line.host_blocks) / request_blocks as f64
+        };
+        let queue = if most > least { (most - waiting(index)) / (most - least) } else { 1.0 };
+        let kv = 1.0 - replicas[index].load.kv_usage();
+        let total = config.llmd_prefix_weight * prefix + config.llmd_queue_weight * queue + config.llmd_kv_weight * kv;
+        line.policy_score = -total;
+    }
+    let chosen = lowest_then_random(&lines, rng);
+    Decision { candidates: lines, ..decision(PolicyKind::Llmd, chosen, "highest_weighted_score", replicas) }
+}
+
+/// Shared by the stateful baselines: the least-loaded eligible index, ties by RNG.
+pub(crate) fn least_loaded_index(
+    eligible: &[usize],
+    replicas: &[ReplicaView],
+    rng: &mut dyn RandomSource,
+) -> Option<usize> {
+    break_tie(eligible, replicas, rng).map(|(index, _)| index)
+}

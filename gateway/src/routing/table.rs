@@ -1,0 +1,467 @@
+//! The prefix index's storage: a fixed-capacity open-addressing hash table of
+//! atomic words that one writer at a time mutates while any number of readers
+//! probe it without locks.
+//!
+//! # Layout
+//! Slot `i` occupies `stride = 2 + 3W` consecutive `AtomicU64` words:
+//! `key_lo, key_hi, gpu[W], host[W], network[W]`, where `W` is the number of
+//! 64-bit words of a replica set: with up to 64 replicas a slot is 40 bytes.
+//! A slot is empty when all its replica sets are empty (the writer deletes an
+//! entry as its last holder goes). Keys are placed by linear probing from
+//! `home(key)`; deletion shifts later entries of the run backwards, so there
+//! are no tombstones. A 2-bit recency counter per slot, for eviction, lives
+//! in a separate bitmap.
+//!
+//! # Reads never wait
+//! Every region of [`REGION_SLOTS`] slots has a sequence counter. The writer makes it odd before it changes a key in the region
+//! (insert, delete, the moves of a backward shift) and even again after.
+//! A reader notes the counter of each region as its probe enters it, reads the
+//! slots, and then checks that none of the counters moved; if one did, it
+//! probes again, and after [`FIND_ATTEMPTS`] attempts it reports the key as
+//! absent. It never waits for the writer: the only effect of a racing writer
+//! on a lookup is, rarely, a block under-reported for that one lookup.
+//! Replica bits of a live entry change in place with single atomic RMWs and
+//! no counter change: each word a reader sees is a value the entry really had.
+
+use std::hint::spin_loop;
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+
+use kvroute_proto::BlockHash;
+
+/// Slots per sequence counter: small regions keep a busy writer from
+/// disturbing lookups elsewhere.
+pub(crate) const REGION_SLOTS: usize = 64;
+/// Whole-probe attempts before a find gives up and reports a miss.
+pub(crate) const FIND_ATTEMPTS: usize = 16;
+/// Regions a single probe may cross and still be verified.
+const MAX_PROBE_REGIONS: usize = 4;
+/// Words of the key.
+const KEY_WORDS: usize = 2;
+/// Recency after a lookup hit (the counter's maximum).
+const RECENCY_MAX: u64 = 3;
+/// Recency after an insert or a new holder, at least.
+const RECENCY_STORED: u64 = 1;
+
+/// A block hash split into the two words a slot stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    pub lo: u64,
+    pub hi: u64,
+}
+
+impl Key {
+    pub fn of(hash: &BlockHash) -> Key {
+        let mut hi = [0u8; 8];
+        hi.copy_from_slice(&hash.0[8..]);
+        Key { lo: hash.low_u64(), hi: u64::from_le_bytes(hi) }
+    }
+}
+
+pub(crate) struct Table {
+    words: Box<[AtomicU64]>,
+    /// 2-bit recency counters, 32 slots per word.
+    recency: Box<[AtomicU64]>,
+    regions: Box<[AtomicU64]>,
+    slots: usize,
+    set_words: usize,
+    stride: usize,
+}
+
+impl Table {
+    /// A table of `slots` slots whose replica sets have `set_words` words.
+    pub fn new(slots: usize, set_words: usize) -> Table {
+        let slots = slots.max(2);
+        let stride = KEY_WORDS + 3 * set_words;
+        Table {
+            words: (0..slots * stride).map(|_| AtomicU64::new(0)).collect(),
+            recency: (0..slots.div_ceil(32)).map(|_| AtomicU64::new(0)).collect(),
+            regions: (0..slots.div_ceil(REGION_SLOTS)).map(|_| AtomicU64::new(0)).collect(),
+            slots,
+            set_words,
+            stride,
+        }
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    pub fn set_words(&self) -> usize {
+        self.set_words
+    }
+
+    /// Words of one entry's replica sets: gpu, host and network, `W` each.
+    pub fn holder_words(&self) -> usize {
+        3 * self.set_words
+    }
+
+    pub fn memory_bytes(&self) -> usize {
+        (self.words.len() + self.recency.len() + self.regions.len()) * std::mem::size_of::<AtomicU64>()
+    }
+
+    pub fn slot_bytes(&self) -> usize {
+        self.stride * std::mem::size_of::<AtomicU64>()
+    }
+
+    fn home(&self, key: Key) -> usize {
+        // Keys are blake3 output: the high bits of `lo * slots` are uniform.
+        ((u128::from(key.lo) * self.slots as u128) >> 64) as usize
+    }
+
+    fn next(&self, slot: usize) -> usize {
+        if slot + 1 == self.slots { 0 } else { slot + 1 }
+    }
+
+    fn word(&self, index: usize) -> &AtomicU64 {
+        &self.words[index]
+    }
+
+    fn holder(&self, slot: usize, set: usize, word: usize) -> &AtomicU64 {
+        self.word(slot * self.stride + KEY_WORDS + set * self.set_words + word)
+    }
+
+    /// Loads the first word of `key`'s home slot, so that the probe that
+    /// follows finds it in cache: callers touch a run of blocks before
+    /// probing any, letting the memory system overlap the misses.
+    pub fn warm(&self, key: Key) -> u64 {
+        self.warm_slot(self.home(key))
+    }
+
+    /// Loads the first word of `slot` (see [`Table::warm`]).
+    pub fn warm_slot(&self, slot: usize) -> u64 {
+        self.word(slot * self.stride).load(Ordering::Relaxed)
+    }
+
+    // ----- readers -------------------------------------------------------
+
+    /// Copies the holder sets of `key` into `out` (`3W` words) and marks the
+    /// entry recently used when `touch`. Returns false when the key is absent
+    /// (then `out` is unspecified).
+    pub fn find(&self, key: Key, out: &mut [u64], touch: bool) -> bool {
+        let holders = self.holder_words();
+        for attempt in 0..FIND_ATTEMPTS {
+            let mut seen = [(usize::MAX, 0u64); MAX_PROBE_REGIONS];
+            let mut seen_len = 0;
+            let mut verifiable = true;
+            let mut slot = self.home(key);
+            let mut found = None;
+            for _ in 0..self.slots {
+                let region = slot / REGION_SLOTS;
+                if seen_len == 0 || seen[seen_len - 1].0 != region {
+                    if seen_len < MAX_PROBE_REGIONS {
+                        seen[seen_len] = (region, self.regions[region].load(Ordering::Acquire));
+                        seen_len += 1;
+                    } else {
+                        verifiable = false;
+                    }
+                }
+                let base = slot * self.stride;
+                let matched = self.word(base).load(Ordering::Relaxed) == key.lo
+                    && self.word(base + 1).load(Ordering::Relaxed) == key.hi;
+                let mut held = 0;
+                for (i, value) in out.iter_mut().enumerate().take(holders) {
+                    *value = self.word(base + KEY_WORDS + i).load(Ordering::Relaxed);
+                    held |= *value;
+                }
+                if held == 0 {
+                    break;
+                }
+                if matched {
+                    found = Some(slot);
+                    break;
+                }
+                slot = self.next(slot);
+            }
+            fence(Ordering::Acquire);
+            let stable = seen[..seen_len]
+                .iter()
+                .all(|&(region, before)| before & 1 == 0 && self.regions[region].load(Ordering::Relaxed) == before);
+            if stable && verifiable {
+                if let Some(slot) = found
+                    && touch
+                {
+                    self.touch(slot);
+                }
+                return found.is_some();
+            }
+            // A short, bounded backoff: the writer's critical sections are a
+            // few slot writes long.
+            for _ in 0..=attempt {
+                spin_loop();
+            }
+        }
+        false
+    }
+
+    fn touch(&self, slot: usize) {
+        let (cell, shift) = self.recency_cell(slot);
+        // Test first: a hot entry's line stays shared instead of bouncing.
+        if (cell.load(Ordering::Relaxed) >> shift) & RECENCY_MAX != RECENCY_MAX {
+            cell.fetch_or(RECENCY_MAX << shift, Ordering::Relaxed);
+        }
+    }
+
+    fn recency_cell(&self, slot: usize) -> (&AtomicU64, u32) {
+        (&self.recency[slot / 32], 2 * (slot % 32) as u32)
+    }
+
+    // ----- the writer (callers hold the index's writer lock) -------------
+
+    /// Whether `slot` holds an entry (some holder bit is set).
+    pub fn is_occupied(&self, slot: usize) -> bool {
+        let base = slot * self.stride + KEY_WORDS;
+        (0..self.holder_words()).any(|i| self.word(base + i).load(Ordering::Relaxed) != 0)
+    }
+
+    pub fn key_at(&self, slot: usize) -> Key {
+        let base = slot * self.stride;
+        Key { lo: self.word(base).load(Ordering::Relaxed), hi: self.word(base + 1).load(Ordering::Relaxed) }
+    }
+
+    /// The slot holding `key`, or the empty slot where it would be inserted.
+    pub fn locate(&self, key: Key) -> Result<usize, usize> {
+        let mut slot = self.home(key);
+        loop {
+            if !self.is_occupied(slot) {
+                return Err(slot);
+            }
+            if self.key_at(slot) == key {
+                return Ok(slot);
+            }
+            // The index keeps the load factor below 1, so an empty slot exists.
+            slot = self.next(slot);
+        }
+    }
+
+    /// Writes a new entry into the empty `slot`: `key` with one replica bit in `set`.
+    pub fn insert(&self, slot: usize, key: Key, set: usize, word: usize, mask: u64) {
+        let mut regions = Regions::default();
+        regions.enter(self, slot);
+        let base = slot * self.stride;
+        self.word(base).store(key.lo, Ordering::Relaxed);
+        self.word(base + 1).store(key.hi, Ordering::Relaxed);
+        self.holder(slot, set, word).store(mask, Ordering::Relaxed);
+        regions.leave(self);
+        self.set_recency(slot, RECENCY_STORED);
+    }
+
+    /// Adds replica bits `mask` to word `word` of holder set `set`
+    /// (0 gpu, 1 host, 2 network) of a live entry.
+    pub fn add_bits(&self, slot: usize, set: usize, word: usize, mask: u64) {
+        self.holder(slot, set, word).fetch_or(mask, Ordering::Release);
+        let (cell, shift) = self.recency_cell(slot);
+        cell.fetch_or(RECENCY_STORED << shift, Ordering::Relaxed);
+    }
+
+    /// Removes replica bits `mask` from word `word` of every holder set
+    /// selected in `sets`. An entry left without holders is deleted; returns
+    /// true then.
+    pub fn remove_bits(&self, slot: usize, sets: [bool; 3], word: usize, mask: u64) -> bool {
+        let mut touched = false;
+        let mut held = 0;
+        for (set, selected) in sets.into_iter().enumerate() {
+            for other in 0..self.set_words {
+                let mut value = self.holder(slot, set, other).load(Ordering::Relaxed);
+                if selected && other == word {
+                    touched |= value & mask != 0;
+                    value &= !mask;
+                }
+                held |= value;
+            }
+        }
+        if !touched {
+            return false;
+        }
+        if held == 0 {
+            // Clearing the last bits in place would make the slot look empty
+            // to readers before the shift: delete under the region counter.
+            self.delete(slot);
+            return true;
+        }
+        for (set, selected) in sets.into_iter().enumerate() {
+            if selected {
+                self.holder(slot, set, word).fetch_and(!mask, Ordering::Release);
+            }
+        }
+        false
+    }
+
+    /// Empties holder set `set` of an entry, deleting it when nothing else
+    /// holds it; returns true then.
+    pub fn remove_set(&self, slot: usize, set: usize) -> bool {
+        let mut held = 0;
+        for other_set in (0..3).filter(|&other_set| other_set != set) {
+            for word in 0..self.set_words {
+                held |= self.holder(slot, other_set, word).load(Ordering::Relaxed);
+            }
+        }
+        if held == 0 {
+            self.delete(slot);
+            return true;
+        }
+        for word in 0..self.set_words {
+            self.holder(slot, set, word).store(0, Ordering::Release);
+        }
+        false
+    }
+
+    /// Overwrites the recency counter of `slot` (writer only).
+    fn set_recency(&self, slot: usize, value: u64) {
+        let (cell, shift) = self.recency_cell(slot);
+        cell.fetch_and(!(RECENCY_MAX << shift), Ordering::Relaxed);
+        if value != 0 {
+            cell.fetch_or(value << shift, Ordering::Relaxed);
+        }
+    }
+
+    fn recency_of(&self, slot: usize) -> u64 {
+        let (cell, shift) = self.recency_cell(slot);
+        (cell.load(Ordering::Relaxed) >> shift) & RECENCY_MAX
+    }
+
+    /// The entry to evict for room near `key`: sweeping the first `window`
+    /// entries from `key`'s home slot (other than `key`) and decrementing
+    /// their recency, the first one found at zero. A lookup hit sets the
+    /// counter to 3 and a store to at least 1, so entries read since the last
+    /// sweeps outlive those only written. At most four sweeps.
+    pub fn eviction_candidate(&self, key: Key, window: usize) -> Option<usize> {
+        for _ in 0..=RECENCY_MAX {
+            let mut slot = self.home(key);
+            let mut examined = 0;
+            for _ in 0..self.slots {
+                if examined == window {
+                    break;
+                }
+                if self.is_occupied(slot) && self.key_at(slot) != key {
+                    if self.recency_of(slot) == 0 {
+                        return Some(slot);
+                    }
+                    let (cell, shift) = self.recency_cell(slot);
+                    // A reader may raise the counter meanwhile: that wins.
+                    let _ = cell.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                        ((bits >> shift) & RECENCY_MAX != 0).then(|| bits - (1 << shift))
+                    });
+                    examined += 1;
+                }
+                slot = self.next(slot);
+            }
+            if examined == 0 {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// Deletes the entry in `slot` and shifts the rest of its probe run back
+    /// so that no later key becomes unreachable.
+    pub fn delete(&self, slot: usize) {
+        let mut regions = Regions::default();
+        let mut hole = slot;
+        let mut next = self.next(slot);
+        while next != slot && self.is_occupied(next) {
+            let home = self.home(self.key_at(next));
+            // The entry at `next` may fill the hole unless its home lies
+            // cyclically in (hole, next]: then it would sit before its home.
+            let stays = if hole <= next { hole < home && home <= next } else { hole < home || home <= next };
+            if !stays {
+                regions.enter(self, hole);
+                self.copy_slot(next, hole);
+                hole = next;
+            }
+            next = self.next(next);
+        }
+        regions.enter(self, hole);
+        let base = hole * self.stride;
+        for i in KEY_WORDS..self.stride {
+            self.word(base + i).store(0, Ordering::Relaxed);
+        }
+        regions.leave(self);
+        self.set_recency(hole, 0);
+    }
+
+    fn copy_slot(&self, from: usize, to: usize) {
+        let (source, target) = (from * self.stride, to * self.stride);
+        for i in 0..self.stride {
+            self.word(target + i).store(self.word(source + i).load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        self.set_recency(to, self.recency_of(from));
+    }
+}
+
+/// The counters a writer has made odd, as a cyclic run of regions.
+#[derive(Default)]
+struct Regions {
+    first: usize,
+    count: usize,
+}
+
+impl Regions {
+    /// Makes the counter of `slot`'s region odd before the first write there.
+    fn enter(&mut self, table: &Table, slot: usize) {
+        let region = slot / REGION_SLOTS;
+        if self.count > 0 && (self.first + self.count - 1) % table.regions.len() == region {
+            return;
+        }
+        if self.count == 0 {
+            self.first = region;
+        }
+        self.count += 1;
+        table.regions[region].fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::Release);
+    }
+
+    /// Makes every entered counter even again, publishing the writes.
+    fn leave(&mut self, table: &Table) {
+        for i in 0..self.count {
+            table.regions[(self.first + i) % table.regions.len()].fetch_add(1, Ordering::Release);
+        }
+        self.count = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: u64) -> Key {
+        Key { lo: n.wrapping_mul(0x9E37_79B9_7F4A_7C15), hi: n }
+    }
+
+    #[test]
+    fn insert_find_delete_keeps_runs_reachable() {
+        let table = Table::new(64, 1);
+        let keys: Vec<Key> = (0..48).map(key).collect();
+        for (i, &k) in keys.iter().enumerate() {
+            let slot = table.locate(k).unwrap_err();
+            table.insert(slot, k, i % 3, 0, 1 << (i % 64));
+        }
+        let mut out = [0u64; 3];
+        for (i, &k) in keys.iter().enumerate() {
+            assert!(table.find(k, &mut out, false));
+            assert_eq!(out[i % 3], 1 << (i % 64));
+        }
+        for &k in keys.iter().step_by(2) {
+            let slot = table.locate(k).unwrap();
+            table.delete(slot);
+        }
+        for (i, &k) in keys.iter().enumerate() {
+            assert_eq!(table.find(k, &mut out, false), i % 2 == 1, "key {i}");
+        }
+    }
+
+    #[test]
+    fn removing_the_last_holder_deletes_the_entry() {
+        let table = Table::new(16, 1);
+        let slot = table.locate(key(1)).unwrap_err();
+        table.insert(slot, key(1), 0, 0, 0b11);
+        assert!(!table.remove_bits(slot, [true, false, false], 0, 0b01));
+        assert!(!table.remove_bits(slot, [false, true, true], 0, 0b10), "not held there: nothing changes");
+        assert!(table.remove_bits(slot, [true, true, true], 0, 0b10));
+        assert!(table.locate(key(1)).is_err());
+    }
+
+    #[test]
+    fn a_slot_is_40_bytes_for_64_replicas() {
+        assert_eq!(Table::new(16, 1).slot_bytes(), 40);
+    }
+}

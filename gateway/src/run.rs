@@ -1,0 +1,142 @@
+//! Wires the gateway together: tokenizer, router, replica pool and discovery,
+//! the HTTP and gRPC listeners, and a graceful shutdown on SIGTERM or Ctrl-C.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::chat::{ChatRenderer, LruTokenCache};
+use crate::config::ServeArgs;
+use crate::grpc::GenerateService;
+use crate::http::{AppState, router};
+use crate::replies::ReplyMemory;
+use crate::router::Router;
+use crate::routing::{IndexConfig, Policy, ScoringConfig};
+use crate::service::Gateway;
+use crate::tenants::Tenants;
+use crate::upstream::{Expectations, IndexSink, Pool, PoolConfig, discovery};
+
+/// Runs the gateway until SIGTERM or Ctrl-C.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    args.validate().map_err(anyhow::Error::msg)?;
+    if args.check_config {
+        println!("gateway: configuration ok");
+        return Ok(());
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let tokenizer = Arc::new(crate::cli::load_tokenizer(&args.tokenizer).context("loading the tokenizer")?);
+    let renderer = ChatRenderer::new(tokenizer.chat_template(), tokenizer.clone())
+        .context("compiling the chat template")?
+        .with_cache(Some(Arc::new(LruTokenCache::new(4 << 20))));
+    let tenants = match &args.api_keys {
+        Some(path) => Tenants::load(path).with_context(|| format!("reading {}", path.display()))?,
+        None => Tenants::open(),
+    };
+    let metrics = crate::metrics::install().context("installing the metrics recorder")?;
+    let index = IndexConfig { max_entries: args.index_max_entries, ..IndexConfig::default() };
+    let router = Arc::new(Router::new(
+        Policy::new(args.policy, ScoringConfig::default()),
+        index,
+        args.seed,
+        args.pending_ttl_ms,
+    )?);
+    let expectations =
+        Expectations { model_id: args.model_id.clone(), block_size: args.block_size, vocab_size: tokenizer.vocab_size() };
+    let pool_config = PoolConfig { heartbeat_timeout: args.heartbeat_timeout(), ..PoolConfig::default() };
+    let pool = Pool::new(router.clone() as Arc<dyn IndexSink>, expectations, pool_config);
+    discovery::add_static(&pool, &args.agents).map_err(anyhow::Error::msg)?;
+    let dns = args.agents_dns.clone().map(|target| {
+        let interval = Duration::from_secs(args.dns_interval_secs.max(1));
+        tokio::spawn(discovery::watch_dns(pool.clone(), target, interval, args.agents.clone()))
+    });
+    let gateway = Arc::new(Gateway { tokenizer: tokenizer.clone(), pool: pool.clone(), router: router.clone(), config: args.service_config() });
+    let state = Arc::new(AppState {
+        gateway: gateway.clone(),
+        renderer: Arc::new(renderer),
+        tenants: tenants.clone(),
+        metrics: Some(metrics),
+        max_body_bytes: args.max_body_bytes,
+        replies: Arc::new(ReplyMemory::new(1 << 20)),
+    });
+
+    let http = tokio::net::TcpListener::bind(args.http_addr).await.with_context(|| format!("binding {}", args.http_addr))?;
+    let grpc = tokio::net::TcpListener::bind(args.grpc_addr).await.with_context(|| format!("binding {}", args.grpc_addr))?;
+    tracing::info!(
+        http = %http.local_addr()?,
+        grpc = %grpc.local_addr()?,
+        policy = router.policy_name(),
+        tokenizer = tokenizer.name(),
+        agents = args.agents.len(),
+        "gateway serving"
+    );
+    let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut http_stop = stop.subscribe();
+    let http_server = axum::serve(http, router_with_state(state))
+        .with_graceful_shutdown(async move {
+            let _ = http_stop.recv().await;
+        });
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kvroute_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let mut grpc_stop = stop.subscribe();
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(GenerateService::new(gateway.clone(), tenants).into_server())
+        .add_service(reflection)
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(grpc), async move {
+            let _ = grpc_stop.recv().await;
+        });
+    let http_task = tokio::spawn(async move { http_server.await });
+    let grpc_task = tokio::spawn(grpc_server);
+    shutdown_signal().await;
+    tracing::info!("shutting down: no new requests; finishing in-flight ones");
+    let _ = stop.send(());
+    let grace = Duration::from_secs(args.shutdown_grace_secs);
+    let finished = tokio::time::timeout(grace, async {
+        let _ = http_task.await;
+        let _ = grpc_task.await;
+    })
+    .await;
+    if finished.is_err() {
+        tracing::warn!("grace period over; closing the remaining streams");
+    }
+    if let Some(dns) = dns {
+        dns.abort();
+    }
+    pool.shutdown();
+    Ok(())
+}
+
+fn router_with_state(state: Arc<AppState>) -> axum::Router {
+    router(state)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let Ok(mut terminate) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+            let _ = ctrl_c.await;
+            return;
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = terminate.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,421 @@
+//! The gateway's request path, shared by HTTP and gRPC ingress: route a
+//! tokenized request to the best replica, call it, retry on the next best
+//! before the first token, and turn its token stream into text events with
+//! stop strings applied.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, FinishReason, SamplingParams};
+use kvroute_proto::pb;
+use kvroute_proto::{BlockHash, BlockHasher};
+use tokio::sync::mpsc;
+use tonic::Code;
+
+use crate::metrics;
+use crate::router::Router;
+use crate::tenants::Tenant;
+use crate::tokenizer::{Detokenizer, Tokenizer};
+use crate::upstream::{Pool, ReplicaId};
+
+/// A request ready to route: token ids and everything that shapes generation.
+#[derive(Clone, Debug)]
+pub struct GenerateSpec {
+    pub prompt: Vec<u32>,
+    pub tenant: Tenant,
+    pub cache_salt: Option<String>,
+    pub sampling: SamplingParams,
+    pub max_tokens: u32,
+    /// Generation ends before any of these strings (not included in the text).
+    pub stop: Vec<String>,
+}
+
+/// Token accounting of one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub cached_tokens: u32,
+}
+
+/// What a caller receives, in order: deltas, then one `Finished`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StreamEvent {
+    Delta { token_ids: Vec<u32>, text: String },
+    Finished { reason: FinishReason, usage: Usage },
+}
+
+/// Why a request failed; the one place that maps failures to statuses.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ServiceError {
+    #[error("{message}")]
+    BadRequest { message: String, param: Option<&'static str> },
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    UnknownModel(String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("{0}")]
+    Overloaded(String),
+    #[error("{0}")]
+    NoReplica(String),
+    /// A replica failed after tokens had been sent: the stream ends with this.
+    #[error("{0}")]
+    Interrupted(String),
+}
+
+impl ServiceError {
+    pub fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> ServiceError {
+        ServiceError::BadRequest { message: message.into(), param }
+    }
+
+    pub fn http_status(&self) -> u16 {
+        match self {
+            ServiceError::BadRequest { .. } => 400,
+            ServiceError::Unauthorized(_) => 401,
+            ServiceError::UnknownModel(_) => 404,
+            ServiceError::TooLarge(_) => 413,
+            ServiceError::Overloaded(_) => 429,
+            ServiceError::NoReplica(_) | ServiceError::Interrupted(_) => 503,
+        }
+    }
+
+    pub fn grpc_code(&self) -> Code {
+        match self {
+            ServiceError::BadRequest { .. } => Code::InvalidArgument,
+            ServiceError::Unauthorized(_) => Code::Unauthenticated,
+            ServiceError::UnknownModel(_) => Code::NotFound,
+            ServiceError::TooLarge(_) => Code::OutOfRange,
+            ServiceError::Overloaded(_) => Code::ResourceExhausted,
+            ServiceError::NoReplica(_) | ServiceError::Interrupted(_) => Code::Unavailable,
+        }
+    }
+
+    /// OpenAI's error `type` for the status.
+    pub fn openai_type(&self) -> &'static str {
+        match self {
+            ServiceError::BadRequest { .. } | ServiceError::TooLarge(_) => "invalid_request_error",
+            ServiceError::Unauthorized(_) => "authentication_error",
+            ServiceError::UnknownModel(_) => "not_found_error",
+            ServiceError::Overloaded(_) => "rate_limit_error",
+            ServiceError::NoReplica(_) | ServiceError::Interrupted(_) => "service_unavailable",
+        }
+    }
+
+    pub fn param(&self) -> Option<&'static str> {
+        match self {
+            ServiceError::BadRequest { param, .. } => *param,
+            _ => None,
+        }
+    }
+
+    pub fn reason_label(&self) -> &'static str {
+        match self {
+            ServiceError::BadRequest { .. } => "invalid",
+            ServiceError::Unauthorized(_) => "unauthorized",
+            ServiceError::UnknownModel(_) => "unknown_model",
+            ServiceError::TooLarge(_) => "too_large",
+            ServiceError::Overloaded(_) => "overloaded",
+            ServiceError::NoReplica(_) => "no_replica",
+            ServiceError::Interrupted(_) => "interrupted",
+        }
+    }
+}
+
+/// Settings of the request path (defaults in [`ServiceConfig::default`]).
+#[derive(Clone, Debug)]
+pub struct ServiceConfig {
+    /// Replicas tried before giving up, when earlier ones fail before the first token.
+    pub max_attempts: usize,
+    /// Longest wait for a replica's first token.
+    pub first_token_timeout: Duration,
+    /// Longest wait between two tokens once streaming.
+    pub inter_token_timeout: Duration,
+    /// max_tokens when the request gives none.
+    pub default_max_tokens: u32,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            max_attempts: 3,
+            first_token_timeout: Duration::from_secs(120),
+            inter_token_timeout: Duration::from_secs(30),
+            default_max_tokens: 256,
+        }
+    }
+}
+
+/// Everything a request needs; shared by the ingress handlers.
+pub struct Gateway {
+    pub tokenizer: Arc<Tokenizer>,
+    pub pool: Arc<Pool>,
+    pub router: Arc<Router>,
+    pub config: ServiceConfig,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").field("pool", &self.pool).finish()
+    }
+}
+
+type Upstream = tonic::Streaming<pb::AgentGenerateResponse>;
+
+impl Gateway {
+    /// The served model id (configured, or learned from the first replica).
+    pub fn model_id(&self) -> Option<String> {
+        self.pool.model_id()
+    }
+
+    /// Checks the `model` field of a request.
+    pub fn check_model(&self, requested: Option<&str>) -> Result<String, ServiceError> {
+        let served = self.model_id().ok_or_else(|| ServiceError::NoReplica("no replica is ready yet".into()))?;
+        match requested {
+            None | Some("") => Ok(served),
+            Some(model) if model == served => Ok(served),
+            Some(model) => Err(ServiceError::UnknownModel(format!("the model `{model}` does not exist"))),
+        }
+    }
+
+    /// The block hashes the replicas will give this request's prompt.
+    pub fn hashes(&self, spec: &GenerateSpec) -> (Vec<BlockHash>, Option<Vec<u8>>) {
+        let scope = spec.tenant.scope(spec.cache_salt.as_deref());
+        let model = self.model_id().unwrap_or_default();
+        let hashes = match &scope {
+            Some(scope) => BlockHasher::new(self.pool.block_size(), &model, scope).hashes(&spec.prompt),
+            None => Vec::new(),
+        };
+        (hashes, scope)
+    }
+
+    /// Routes and starts a request. Returns once a replica sent the first
+    /// token (or every attempt failed); events then arrive on the receiver.
+    pub async fn generate(&self, spec: GenerateSpec) -> Result<mpsc::Receiver<Result<StreamEvent, ServiceError>>, ServiceError> {
+        let started = Instant::now();
+        if let Some(bad) = spec.prompt.iter().find(|&&id| id >= self.tokenizer.vocab_size()) {
+            return Err(ServiceError::bad_request(format!("token id {bad} is outside the vocabulary"), Some("prompt")));
+        }
+        let (hashes, scope) = self.hashes(&spec);
+        let plan = self.router.plan(&hashes, spec.prompt.len(), &self.pool, spec.tenant.name.as_str(), &spec.prompt);
+        metrics::record_decision(started.elapsed(), spec.prompt.len(), plan.predicted_cached_tokens);
+        if plan.candidates.is_empty() {
+            return Err(if plan.all_full {
+                ServiceError::Overloaded("every replica's queue is full; retry later".into())
+            } else {
+                ServiceError::NoReplica("no healthy replica".into())
+            });
+        }
+        let request = AgentGenerateRequest {
+            request_id: String::new(),
+            prompt: spec.prompt.clone(),
+            cache_mode: if scope.is_some() { CacheMode::Shared } else { CacheMode::Disabled },
+            cache_scope: scope.unwrap_or_default(),
+            sampling: spec.sampling,
+            max_tokens: spec.max_tokens,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+        };
+        let mut last_error = ServiceError::NoReplica("no healthy replica".into());
+        let mut overloaded = 0;
+        for (attempt, &replica) in plan.candidates.iter().take(self.config.max_attempts.max(1)).enumerate() {
+            if attempt > 0 {
+                metrics::record_retry();
+            }
+            match self.start_on(replica, &request).await {
+                Ok((first, upstream)) => {
+                    self.router.sent(replica, &hashes);
+                    let (sender, receiver) = mpsc::channel(64);
+                    let stream = TextStream::new(&self.tokenizer, &spec, self.config.inter_token_timeout);
+                    tokio::spawn(stream.run(first, upstream, sender));
+                    return Ok(receiver);
+                }
+                Err(error) => {
+                    if matches!(error, ServiceError::BadRequest { .. }) {
+                        return Err(error);
+                    }
+                    if matches!(error, ServiceError::Overloaded(_)) {
+                        overloaded += 1;
+                    }
+                    tracing::debug!(replica, %error, "attempt failed before the first token");
+                    last_error = error;
+                }
+            }
+        }
+        if overloaded > 0 && overloaded == plan.candidates.len().min(self.config.max_attempts.max(1)) {
+            return Err(ServiceError::Overloaded("every replica tried refused the request: queues are full".into()));
+        }
+        Err(match last_error {
+            ServiceError::Overloaded(message) => ServiceError::Overloaded(message),
+            other => ServiceError::NoReplica(format!("no replica could serve the request: {other}")),
+        })
+    }
+
+    /// Calls one replica and waits for its first message.
+    async fn start_on(
+        &self,
+        replica: ReplicaId,
+        request: &AgentGenerateRequest,
+    ) -> Result<(pb::AgentGenerateResponse, Upstream), ServiceError> {
+        let Some(handle) = self.pool.get(replica) else {
+            return Err(ServiceError::NoReplica("the replica left".into()));
+        };
+        let mut client = handle.client.clone();
+        let call = async {
+            let mut upstream = client.generate(pb::AgentGenerateRequest::from(request.clone())).await?.into_inner();
+            match upstream.message().await? {
+                Some(first) => Ok((first, upstream)),
+                None => Err(tonic::Status::unavailable("the replica closed the stream before the first token")),
+            }
+        };
+        match tokio::time::timeout(self.config.first_token_timeout, call).await {
+            Ok(Ok(started)) => Ok(started),
+            Ok(Err(status)) => Err(match status.code() {
+                Code::InvalidArgument | Code::OutOfRange => ServiceError::bad_request(status.message(), None),
+                Code::ResourceExhausted => ServiceError::Overloaded(status.message().to_string()),
+                _ => ServiceError::NoReplica(status.message().to_string()),
+            }),
+            Err(_) => Err(ServiceError::NoReplica("the replica did not answer in time".into())),
+        }
+    }
+}
+
+/// Turns a replica's token stream into text deltas, applying stop strings.
+struct TextStream {
+    tokenizer: Arc<Tokenizer>,
+    detokenizer: Detokenizer,
+    stop: Vec<String>,
+    /// Text decoded but held back: it may be the start of a stop string.
+    held: String,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+    cached_tokens: u32,
+    inter_token_timeout: Duration,
+}
+
+impl TextStream {
+    fn new(tokenizer: &Arc<Tokenizer>, spec: &GenerateSpec, inter_token_timeout: Duration) -> TextStream {
+        TextStream {
+            tokenizer: tokenizer.clone(),
+            detokenizer: Detokenizer::new(tokenizer),
+            stop: spec.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            held: String::new(),
+            prompt_tokens: spec.prompt.len() as u32,
+            completion_tokens: 0,
+            cached_tokens: 0,
+            inter_token_timeout,
+        }
+    }
+
+    async fn run(
+        mut self,
+        first: pb::AgentGenerateResponse,
+        mut upstream: Upstream,
+        sender: mpsc::Sender<Result<StreamEvent, ServiceError>>,
+    ) {
+        self.cached_tokens = first.cached_tokens;
+        let mut message = first;
+        loop {
+            let finished = self.handle(message, &sender).await;
+            if finished || sender.is_closed() {
+                return;
+            }
+            message = match tokio::time::timeout(self.inter_token_timeout, upstream.message()).await {
+                Ok(Ok(Some(message))) => message,
+                Ok(Ok(None)) => {
+                    let error = ServiceError::Interrupted("the replica ended the stream early".into());
+                    let _ = sender.send(Err(error)).await;
+                    return;
+                }
+                Ok(Err(status)) => {
+                    let error = ServiceError::Interrupted(format!("the replica failed mid-stream: {}", status.message()));
+                    let _ = sender.send(Err(error)).await;
+                    return;
+                }
+                Err(_) => {
+                    let error = ServiceError::Interrupted("the replica stopped sending tokens".into());
+                    let _ = sender.send(Err(error)).await;
+                    return;
+                }
+            };
+        }
+    }
+
+    /// Handles one upstream message; returns true when the request is over.
+    async fn handle(
+        &mut self,
+        message: pb::AgentGenerateResponse,
+        sender: &mpsc::Sender<Result<StreamEvent, ServiceError>>,
+    ) -> bool {
+        let final_usage = message.usage;
+        let reason = FinishReason::try_from(message.finish_reason).ok();
+        let mut token_ids = Vec::new();
+        let mut stopped = false;
+        for id in message.token_ids {
+            self.completion_tokens += 1;
+            token_ids.push(id);
+            // End-of-sequence tokens end generation; their text is not shown.
+            if reason == Some(FinishReason::Stop) && final_usage.is_some() && self.tokenizer.is_special(id) {
+                continue;
+            }
+            let piece = self.detokenizer.push(id).unwrap_or_default();
+            self.held.push_str(&piece);
+            if let Some(cut) = self.stop.iter().filter_map(|stop| self.held.find(stop.as_str())).min() {
+                self.held.truncate(cut);
+                stopped = true;
+                break;
+            }
+        }
+        let text = if stopped || final_usage.is_some() {
+            if !stopped && final_usage.is_some() {
+                self.held.push_str(&self.detokenizer.finish());
+            }
+            std::mem::take(&mut self.held)
+        } else {
+            let keep = self.held_back();
+            let cut = self.held.len() - keep;
+            let text = self.held[..cut].to_string();
+            self.held.drain(..cut);
+            text
+        };
+        if (!text.is_empty() || !token_ids.is_empty())
+            && sender.send(Ok(StreamEvent::Delta { token_ids, text })).await.is_err()
+        {
+            return true;
+        }
+        if stopped || final_usage.is_some() {
+            let cached = final_usage.map_or(self.cached_tokens, |usage| usage.cached_tokens);
+            let usage = Usage {
+                prompt_tokens: self.prompt_tokens,
+                completion_tokens: self.completion_tokens,
+                cached_tokens: cached,
+            };
+            metrics::record_cached(cached);
+            let reason = if stopped { FinishReason::Stop } else { reason.unwrap_or(FinishReason::Length) };
+            let _ = sender.send(Ok(StreamEvent::Finished { reason, usage })).await;
+            return true;
+        }
+        false
+    }
+
+    /// Bytes at the end of the held text that could begin a stop string.
+    fn held_back(&self) -> usize {
+        let mut keep = 0;
+        for stop in &self.stop {
+            for len in (1..stop.len()).rev() {
+                if len > self.held.len() || len <= keep {
+                    continue;
+                }
+                if stop.is_char_boundary(len)
+                    && self.held.is_char_boundary(self.held.len() - len)
+                    && self.held.ends_with(&stop[..len])
+                {
+                    keep = len;
+                    break;
+                }
+            }
+        }
+        keep
+    }
+}

@@ -1,0 +1,128 @@
+//! One replica's subscription loop: Info, then the event stream (snapshot,
+//! deltas, heartbeats) into the index, resubscribing on any inconsistency.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvroute_proto::domain::{AgentInfo, KvEventBatch};
+use kvroute_proto::pb;
+
+use super::{Pool, Replica};
+use crate::metrics;
+
+/// Why a subscription ended.
+#[derive(Debug)]
+enum Ended {
+    /// Nothing arrived within the heartbeat timeout.
+    Quiet,
+    /// The stream closed or failed.
+    Closed(String),
+    /// A gap in seq, a new epoch, or a message that does not validate.
+    Inconsistent(String),
+    /// The replica does not match the gateway (model, block size).
+    Refused(String),
+}
+
+impl Ended {
+    fn reason(&self) -> &str {
+        match self {
+            Ended::Quiet => "no event or heartbeat within the timeout",
+            Ended::Closed(reason) | Ended::Inconsistent(reason) | Ended::Refused(reason) => reason,
+        }
+    }
+}
+
+/// Runs until the task is aborted (replica removed or gateway stopping).
+pub async fn run(pool: Arc<Pool>, replica: Arc<Replica>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let ended = subscribe_once(&pool, &replica).await;
+        let was_healthy = replica.is_healthy();
+        replica.update(|state| {
+            state.healthy = false;
+            state.resubscriptions += 1;
+        });
+        pool.sink.forget(replica.id);
+        metrics::record_replica_health(&replica.endpoint, false);
+        match &ended {
+            Ended::Refused(reason) => {
+                tracing::error!(agent = %replica.endpoint, reason, "refusing replica");
+                metrics::record_replica_refused();
+                replica.update(|state| state.refused = Some(reason.clone()));
+            }
+            other if was_healthy => {
+                tracing::warn!(agent = %replica.endpoint, reason = other.reason(), "replica unhealthy; resubscribing");
+                metrics::record_resubscription();
+            }
+            _ => {}
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(pool.config.max_backoff);
+        if matches!(ended, Ended::Inconsistent(_) | Ended::Quiet) {
+            backoff = Duration::from_millis(50);
+        }
+    }
+}
+
+async fn subscribe_once(pool: &Pool, replica: &Replica) -> Ended {
+    let timeout = pool.config.heartbeat_timeout;
+    let mut client = replica.client.clone();
+    let info = match tokio::time::timeout(timeout, client.info(pb::InfoRequest {})).await {
+        Ok(Ok(response)) => match AgentInfo::try_from(response.into_inner()) {
+            Ok(info) => info,
+            Err(error) => return Ended::Inconsistent(format!("invalid Info: {error}")),
+        },
+        Ok(Err(status)) => return Ended::Closed(format!("Info failed: {}", status.message())),
+        Err(_) => return Ended::Quiet,
+    };
+    if let Err(reason) = pool.admit(&info) {
+        return Ended::Refused(reason);
+    }
+    let request = pb::SubscribeKvEventsRequest { subscriber: "gateway".into() };
+    let mut stream = match tokio::time::timeout(timeout, client.subscribe_kv_events(request)).await {
+        Ok(Ok(response)) => response.into_inner(),
+        Ok(Err(status)) => return Ended::Closed(format!("subscribe failed: {}", status.message())),
+        Err(_) => return Ended::Quiet,
+    };
+    let mut expected_seq = 0u64;
+    let epoch = info.epoch;
+    replica.update(|state| {
+        state.info = Some(info);
+        state.refused = None;
+    });
+    loop {
+        let message = match tokio::time::timeout(timeout, stream.message()).await {
+            Err(_) => return Ended::Quiet,
+            Ok(Err(status)) => return Ended::Closed(status.message().to_string()),
+            Ok(Ok(None)) => return Ended::Closed("stream ended".into()),
+            Ok(Ok(Some(message))) => message,
+        };
+        let batch = match KvEventBatch::try_from(message) {
+            Ok(batch) => batch,
+            Err(error) => return Ended::Inconsistent(format!("invalid event batch: {error}")),
+        };
+        if batch.epoch != epoch {
+            return Ended::Inconsistent(format!("epoch changed from {epoch} to {}", batch.epoch));
+        }
+        if batch.seq != expected_seq || batch.snapshot != (expected_seq == 0) {
+            return Ended::Inconsistent(format!("expected seq {expected_seq}, got {}", batch.seq));
+        }
+        expected_seq += 1;
+        let started = Instant::now();
+        if batch.snapshot {
+            pool.sink.snapshot(replica.id, &batch.events);
+        } else if !batch.events.is_empty() {
+            pool.sink.apply(replica.id, &batch.events);
+        }
+        metrics::record_event_ingest(batch.events.len(), started.elapsed());
+        pool.sink.load(replica.id, &batch.load);
+        let healthy = !batch.load.draining;
+        metrics::record_replica_load(&replica.endpoint, &batch.load);
+        metrics::record_replica_health(&replica.endpoint, healthy);
+        replica.update(|state| {
+            state.healthy = healthy;
+            state.load = batch.load;
+            state.last_seen = Some(Instant::now());
+        });
+    }
+}

@@ -1,0 +1,231 @@
+//! A real gateway in front of real node-agents, over real sockets: a repeated
+//! prefix goes to the replica that holds it (seen in cached tokens), unrelated
+//! prompts spread, turn 2 of a chat hits the blocks of turn 1's answer, gRPC
+//! works like HTTP, errors have OpenAI's shape, and a killed agent fails over.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvroute_proto::pb::{self, generate_client::GenerateClient};
+use kvroute_test_support::{ChildProcess, free_port, http_request, project_binary, wait_for_tcp};
+use serde_json::{Value, json};
+
+struct Cluster {
+    agents: Vec<(ChildProcess, SocketAddr, SocketAddr)>,
+    _gateway: ChildProcess,
+    http: SocketAddr,
+    grpc: SocketAddr,
+}
+
+fn addr() -> SocketAddr {
+    format!("127.0.0.1:{}", free_port()).parse().unwrap()
+}
+
+fn start(agents: usize) -> Cluster {
+    let agent_binary = project_binary("kvroute-node-agent", "node-agent");
+    let mut started = Vec::new();
+    for i in 0..agents {
+        let (grpc, metrics) = (addr(), addr());
+        let mut command = Command::new(&agent_binary);
+        command
+            .args(["--model", "tiny-random", "--num-blocks", "512", "--agent-id", &format!("agent-{i}")])
+            .args(["--listen", &grpc.to_string(), "--metrics-addr", &metrics.to_string()])
+            .stderr(Stdio::null());
+        started.push((ChildProcess::spawn("node-agent", &mut command).unwrap(), grpc, metrics));
+    }
+    for (_, grpc, _) in &started {
+        wait_for_tcp(*grpc, Duration::from_secs(60)).unwrap();
+    }
+    let (http, grpc) = (addr(), addr());
+    let list: Vec<String> = started.iter().map(|(_, grpc, _)| grpc.to_string()).collect();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
+    command
+        .args(["--http-addr", &http.to_string(), "--grpc-addr", &grpc.to_string(), "--agents", &list.join(",")])
+        .args(["--heartbeat-timeout-ms", "500"]);
+    let gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
+    wait_for_tcp(http, Duration::from_secs(30)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = http_request(http, "GET", "/ready", &[], b"").unwrap();
+        let healthy = serde_json::from_slice::<Value>(&ready.body).unwrap()["healthy_replicas"].as_u64().unwrap_or(0);
+        if ready.status == 200 && healthy == agents as u64 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "gateway not ready: {}", ready.text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Cluster { agents: started, _gateway: gateway, http, grpc }
+}
+
+fn post(cluster: &Cluster, path: &str, body: &Value) -> (u16, Value) {
+    let response = http_request(cluster.http, "POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes()).unwrap();
+    (response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null))
+}
+
+fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let body = http_request(addr, "GET", "/metrics", &[], b"").unwrap().text();
+    body.lines()
+        .find(|line| line.starts_with(name) && line[name.len()..].starts_with(' '))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn long_prompt(topic: &str) -> String {
+    format!("You are a careful assistant for {topic}. ").repeat(12)
+}
+
+#[test]
+fn repeated_prefix_goes_to_its_holder_and_unrelated_prompts_spread() {
+    let cluster = start(2);
+    let prompt = long_prompt("accounting");
+    let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0});
+    let (status, first) = post(&cluster, "/v1/completions", &body);
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["object"], "text_completion");
+    let prompt_tokens = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt_tokens >= 64);
+    std::thread::sleep(Duration::from_millis(300)); // events reach the gateway
+    for _ in 0..3 {
+        let (status, again) = post(&cluster, "/v1/completions", &body);
+        assert_eq!(status, 200);
+        let cached = again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        assert_eq!(cached, (prompt_tokens - 1) / 16 * 16, "the repeat lands on the replica holding the prefix");
+        assert_eq!(again["choices"][0]["text"], first["choices"][0]["text"], "greedy: same text from cache");
+    }
+    // Unrelated prompts: both replicas get work.
+    for i in 0..8 {
+        let (status, _) = post(&cluster, "/v1/completions", &json!({"prompt": long_prompt(&format!("topic {i}")), "max_tokens": 2}));
+        assert_eq!(status, 200);
+    }
+    for (_, _, metrics) in &cluster.agents {
+        assert!(metric(*metrics, "kvroute_agent_prompt_tokens_total") > 0.0, "every replica served something");
+    }
+    // The explain endpoint shows the holder's GPU blocks.
+    let (status, explained) = post(&cluster, "/debug/route", &body);
+    assert_eq!(status, 200);
+    let best = explained["candidates"].as_array().unwrap().iter().map(|c| c["gpu_blocks"].as_u64().unwrap()).max();
+    assert_eq!(best, Some(prompt_tokens / 16));
+}
+
+#[test]
+fn chat_turn_two_reuses_turn_one_answer() {
+    let cluster = start(2);
+    let system = json!({"role": "system", "content": "You are a terse assistant. Answer in one sentence."});
+    let user1 = json!({"role": "user", "content": "Name three rivers of Europe and say something about each of them."});
+    let (status, turn1) = post(&cluster, "/v1/chat/completions", &json!({"messages": [system, user1], "max_tokens": 40, "temperature": 0}));
+    assert_eq!(status, 200, "{turn1}");
+    assert_eq!(turn1["object"], "chat.completion");
+    let answer = turn1["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let p1 = turn1["usage"]["prompt_tokens"].as_u64().unwrap();
+    let n1 = turn1["usage"]["completion_tokens"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let assistant = json!({"role": "assistant", "content": answer});
+    let user2 = json!({"role": "user", "content": "And one more?"});
+    let (status, turn2) =
+        post(&cluster, "/v1/chat/completions", &json!({"messages": [system, user1, assistant, user2], "max_tokens": 4}));
+    assert_eq!(status, 200, "{turn2}");
+    let cached = turn2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    // Turn 1's prompt and all but its last generated token are in the replica's blocks.
+    assert!(cached >= (p1 + n1 - 1) / 16 * 16, "cached {cached}, turn 1 had {p1} prompt and {n1} answer tokens");
+    assert!(cached > p1, "turn 2 hits blocks of turn 1's answer");
+}
+
+#[test]
+fn streaming_grpc_and_errors() {
+    let cluster = start(2);
+    // Streaming chat over SSE ends with [DONE] and carries usage when asked.
+    let response = http_request(
+        cluster.http,
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": true,
+               "stream_options": {"include_usage": true}})
+        .to_string()
+        .as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(response.status, 200);
+    let data = response.sse_data();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let usage = chunks.last().unwrap()["usage"].clone();
+    assert_eq!(usage["completion_tokens"], 5);
+
+    // gRPC with the same semantics.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let mut client = GenerateClient::connect(format!("http://{}", cluster.grpc)).await.unwrap();
+        let request = pb::GenerateRequest {
+            prompt: Some(pb::generate_request::Prompt::Text("The capital of France is".into())),
+            max_tokens: 6,
+            ..Default::default()
+        };
+        let mut stream = client.generate(request).await.unwrap().into_inner();
+        let mut tokens = 0;
+        let mut usage = None;
+        while let Some(message) = stream.message().await.unwrap() {
+            tokens += message.token_ids.len();
+            if message.usage.is_some() {
+                usage = message.usage;
+            }
+        }
+        assert_eq!(tokens, 6);
+        assert_eq!(usage.unwrap().completion_tokens, 6);
+        let empty = pb::GenerateRequest { prompt: Some(pb::generate_request::Prompt::Text(String::new())), ..Default::default() };
+        assert_eq!(client.generate(empty).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+        let unknown = pb::GenerateRequest {
+            model: "no-such-model".into(),
+            prompt: Some(pb::generate_request::Prompt::Text("x".into())),
+            ..Default::default()
+        };
+        assert_eq!(client.generate(unknown).await.unwrap_err().code(), tonic::Code::NotFound);
+    });
+
+    // OpenAI error shapes.
+    let cases = [
+        (json!({"prompt": "x", "model": "no-such-model"}), 404),
+        (json!({"prompt": ""}), 400),
+        (json!({"prompt": "x", "max_tokens": -3}), 400),
+        (json!({"prompt": "x", "temperature": "hot"}), 400),
+        (json!({"max_tokens": 3}), 400),
+    ];
+    for (body, status) in cases {
+        let (got, error) = post(&cluster, "/v1/completions", &body);
+        assert_eq!(got, status, "{body}: {error}");
+        assert!(error["error"]["message"].is_string(), "{error}");
+        assert!(error["error"]["type"].is_string(), "{error}");
+    }
+    let bad_json = http_request(cluster.http, "POST", "/v1/completions", &[], b"{not json").unwrap();
+    assert_eq!(bad_json.status, 400);
+}
+
+#[test]
+fn a_killed_agent_fails_over() {
+    let mut cluster = start(2);
+    let body = json!({"prompt": long_prompt("failover"), "max_tokens": 3});
+    let (status, _) = post(&cluster, "/v1/completions", &body);
+    assert_eq!(status, 200);
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, explained) = post(&cluster, "/debug/route", &body);
+    let holder = explained["chosen"].as_str().unwrap().to_string();
+    let index = cluster.agents.iter().position(|(_, grpc, _)| grpc.to_string() == holder).unwrap();
+    cluster.agents[index].0.kill();
+    // Right away (before the heartbeat timeout) and after it, requests succeed.
+    for _ in 0..3 {
+        let (status, response) = post(&cluster, "/v1/completions", &body);
+        assert_eq!(status, 200, "{response}");
+    }
+    std::thread::sleep(Duration::from_millis(1200));
+    let ready = http_request(cluster.http, "GET", "/ready", &[], b"").unwrap();
+    let ready: Value = serde_json::from_slice(&ready.body).unwrap();
+    assert_eq!(ready["healthy_replicas"], 1);
+    let (_, explained) = post(&cluster, "/debug/route", &body);
+    assert_ne!(explained["chosen"].as_str().unwrap(), holder);
+}

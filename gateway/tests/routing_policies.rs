@@ -1,0 +1,305 @@
+//! The baseline policies as data, and the policy names.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+
+use kvroute_gateway::routing::{
+    Decision, LookupResult, Policy, PolicyKind, ReplicaId, ReplicaMatch, ReplicaView, RouteRequest, ScoringConfig,
+    SplitMix64,
+};
+use kvroute_proto::domain::LoadStats;
+use kvroute_proto::{BlockHash, BlockHasher};
+
+#[derive(Clone, Copy)]
+struct State {
+    id: ReplicaId,
+    healthy: bool,
+    waiting: u32,
+    running: u32,
+    queued_tokens: u64,
+    kv_used: u64,
+    gpu: u32,
+    host: u32,
+    network: u32,
+}
+
+fn replica(id: ReplicaId) -> State {
+    State { id, healthy: true, waiting: 0, running: 0, queued_tokens: 0, kv_used: 0, gpu: 0, host: 0, network: 0 }
+}
+
+fn views(states: &[State]) -> Vec<ReplicaView> {
+    states
+        .iter()
+        .map(|state| ReplicaView {
+            id: state.id,
+            healthy: state.healthy,
+            load: LoadStats {
+                waiting_requests: state.waiting,
+                running_requests: state.running,
+                queued_prefill_tokens: state.queued_tokens,
+                kv_blocks_used: state.kv_used,
+                kv_blocks_total: 1_000,
+                prefill_tokens_per_second: 10_000.0,
+                network_tier_up: true,
+                queue_capacity: 64,
+                ..LoadStats::default()
+            },
+            block_size: 16,
+            bytes_per_block: 1 << 20,
+        })
+        .collect()
+}
+
+fn lookup(states: &[State], blocks: usize) -> LookupResult {
+    let mut matches = vec![ReplicaMatch::default(); 64];
+    for state in states {
+        matches[usize::from(state.id)] =
+            ReplicaMatch { gpu_blocks: state.gpu, host_blocks: state.host, network_blocks: state.network };
+    }
+    LookupResult { matches, request_blocks: blocks as u32 }
+}
+
+fn prompt(blocks: usize, variant: u32) -> Vec<BlockHash> {
+    let tokens: Vec<u32> = (0..blocks as u32 * 16).map(|i| i + variant * 1_000_000).collect();
+    BlockHasher::new(16, "m", b"").hashes(&tokens)
+}
+
+fn route(policy: &mut Policy, hashes: &[BlockHash], states: &[State], rng: &mut SplitMix64) -> Decision {
+    let request = RouteRequest { hashes, prompt_tokens: hashes.len() * 16, session_key: None };
+    policy.decide(&request, &views(states), &lookup(states, hashes.len()), rng)
+}
+
+/// One decision per row: (states, expected choice).
+fn check(kind: PolicyKind, config: ScoringConfig, rows: &[(&[State], Option<ReplicaId>)]) {
+    let hashes = prompt(10, 0);
+    for (row, (states, expected)) in rows.iter().enumerate() {
+        let mut policy = Policy::new(kind, config.clone());
+        let decision = route(&mut policy, &hashes, states, &mut SplitMix64::new(9));
+        assert_eq!(decision.chosen, *expected, "{kind} row {row}: {decision:#?}");
+        assert_eq!(decision.policy, kind.name());
+    }
+}
+
+#[test]
+fn names_round_trip_and_unknown_names_are_refused() {
+    assert_eq!(
+        PolicyKind::names(),
+        ["cache_aware", "round_robin", "random", "least_loaded", "prefix_hash", "approx_radix", "dynamo", "llmd"]
+    );
+    for kind in PolicyKind::ALL {
+        assert_eq!(PolicyKind::from_name(kind.name()), Some(kind));
+        assert_eq!(Policy::from_name(kind.name()).unwrap().name(), kind.name());
+    }
+    let error = Policy::from_name("fastest").unwrap_err();
+    assert!(error.to_string().contains("cache_aware, round_robin"), "{error}");
+}
+
+#[test]
+fn every_policy_excludes_unavailable_replicas_and_may_choose_none() {
+    for kind in PolicyKind::ALL {
+        let only_one = [State { healthy: false, gpu: 10, ..replica(0) }, replica(1)];
+        check(kind, ScoringConfig::default(), &[(&only_one, Some(1))]);
+        let none = [State { healthy: false, ..replica(0) }, State { waiting: 64, ..replica(1) }];
+        check(kind, ScoringConfig::default(), &[(&none, None), (&[], None)]);
+    }
+}
+
+#[test]
+fn round_robin_cycles_through_eligible_replicas_in_id_order() {
+    let states = [replica(2), State { healthy: false, ..replica(1) }, replica(0), replica(5)];
+    let mut policy = Policy::from_name("round_robin").unwrap();
+    let hashes = prompt(2, 0);
+    let mut rng = SplitMix64::new(0);
+    let request = RouteRequest { hashes: &hashes, prompt_tokens: 32, session_key: None };
+    let preview = policy.explain(&request, &views(&states), &lookup(&states, 2), &mut rng);
+    let chosen: Vec<_> = (0..6).map(|_| route(&mut policy, &hashes, &states, &mut rng).chosen.unwrap()).collect();
+    assert_eq!(preview.chosen, Some(0), "explaining does not advance the rotation");
+    assert_eq!(chosen, [0, 2, 5, 0, 2, 5]);
+}
+
+#[test]
+fn random_is_seeded_and_roughly_uniform() {
+    let states = [replica(0), replica(1), State { healthy: false, ..replica(2) }, replica(3)];
+    let mut policy = Policy::from_name("random").unwrap();
+    let hashes = prompt(2, 0);
+    let draw = |seed| {
+        let mut rng = SplitMix64::new(seed);
+        let mut policy = Policy::from_name("random").unwrap();
+        (0..20).map(|_| route(&mut policy, &hashes, &states, &mut rng).chosen.unwrap()).collect::<Vec<_>>()
+    };
+    assert_eq!(draw(4), draw(4));
+    let mut counts: HashMap<ReplicaId, usize> = HashMap::new();
+    let mut rng = SplitMix64::new(1);
+    for _ in 0..3_000 {
+        *counts.entry(route(&mut policy, &hashes, &states, &mut rng).chosen.unwrap()).or_default() += 1;
+    }
+    assert_eq!(counts.get(&2), None);
+    for replica in [0, 1, 3] {
+        assert!((850..1150).contains(&counts[&replica]), "{counts:?}");
+    }
+}
+
+#[test]
+fn least_loaded_choices() {
+    check(
+        PolicyKind::LeastLoaded,
+        ScoringConfig::default(),
+        &[
+            (&[State { running: 3, gpu: 10, ..replica(0) }, State { running: 1, ..replica(1) }], Some(1)),
+            (&[State { waiting: 2, ..replica(0) }, State { running: 1, ..replica(1) }], Some(1)),
+            (
+                &[
+                    State { running: 1, queued_tokens: 900, ..replica(0) },
+                    State { running: 1, queued_tokens: 100, ..replica(1) },
+                ],
+                Some(1),
+            ),
+        ],
+    );
+}
+
+#[test]
+fn dynamo_cost_weighs_tiered_overlap_against_decode_blocks() {
+    // 10 blocks requested. logit = prefill blocks after overlap + KV blocks in use.
+    check(
+        PolicyKind::Dynamo,
+        ScoringConfig::default(),
+        &[
+            // 0 + 5 = 5 against 10 + 0.
+            (&[State { gpu: 10, kv_used: 5, ..replica(0) }, replica(1)], Some(0)),
+            // 0 + 20 against 10 + 0.
+            (&[State { gpu: 10, kv_used: 20, ..replica(0) }, replica(1)], Some(1)),
+            // Host credit 0.5: 10 - 5 = 5 against 10 - 4 = 6.
+            (&[State { host: 10, ..replica(0) }, State { gpu: 4, ..replica(1) }], Some(0)),
+            // Network credit 0.25: 10 - 2.5 = 7.5 against 10 - 4 = 6.
+            (&[State { network: 10, ..replica(0) }, State { gpu: 4, ..replica(1) }], Some(1)),
+        ],
+    );
+}
+
+#[test]
+fn llmd_weighted_scorers() {
+    check(
+        PolicyKind::Llmd,
+        ScoringConfig::default(),
+        &[
+            // Prefix 3*1 + queue 2*1 + kv 2*0.9 = 6.8 against 0 + 2 + 2*0.9 = 3.8.
+            (&[State { gpu: 10, kv_used: 100, ..replica(0) }, State { kv_used: 100, ..replica(1) }], Some(0)),
+            // The holder's queue is the longest (0) and its KV is full (0): 3 against 2 + 2 = 4.
+            (&[State { gpu: 10, waiting: 9, kv_used: 1_000, ..replica(0) }, replica(1)], Some(1)),
+            // Host blocks count as prefix hits: 3*0.5 + 2 + 2 = 5.5 against 2 + 2 = 4.
+            (&[State { host: 5, ..replica(0) }, replica(1)], Some(0)),
+        ],
+    );
+}
+
+#[test]
+fn prefix_hash_is_sticky_spreads_and_overflows_when_loaded() {
+    let states: Vec<State> = (0..4).map(replica).collect();
+    let mut policy = Policy::from_name("prefix_hash").unwrap();
+    let mut rng = SplitMix64::new(3);
+    let mut owners = HashMap::new();
+    for variant in 0..400 {
+        let hashes = prompt(6, variant);
+        let first = route(&mut policy, &hashes, &states, &mut rng).chosen.unwrap();
+        assert_eq!(route(&mut policy, &hashes, &states, &mut rng).chosen, Some(first), "sticky");
+        // Only the leading blocks matter.
+        assert_eq!(route(&mut policy, &hashes[..4], &states, &mut rng).chosen, Some(first));
+        owners.insert(variant, first);
+    }
+    let mut counts = [0usize; 4];
+    for owner in owners.values() {
+        counts[usize::from(*owner)] += 1;
+    }
+    assert!(counts.iter().all(|&count| count > 50), "spread: {counts:?}");
+
+    // Removing one replica moves only the prompts it owned.
+    let three: Vec<State> = (0..3).map(replica).collect();
+    for (variant, owner) in &owners {
+        let now = route(&mut policy, &prompt(6, *variant), &three, &mut rng).chosen.unwrap();
+        if *owner != 3 {
+            assert_eq!(now, *owner, "prompt {variant} moved");
+        }
+    }
+
+    // Bounded load: in-flight 12 over 4 replicas gives capacity ceil(1.25 * 13 / 4) = 5.
+    let hashes = prompt(6, 0);
+    let owner = owners[&0];
+    let mut loaded = states.clone();
+    loaded[usize::from(owner)].running = 5;
+    for (i, state) in loaded.iter_mut().enumerate() {
+        if i != usize::from(owner) {
+            state.running = 2;
+        }
+    }
+    loaded[(usize::from(owner) + 1) % 4].running = 3;
+    let decision = route(&mut policy, &hashes, &loaded, &mut rng);
+    assert_ne!(decision.chosen, Some(owner));
+    assert_eq!(decision.rule, "bounded_load_overflow");
+}
+
+#[test]
+fn prefix_hash_uses_the_session_key_without_full_blocks() {
+    let states: Vec<State> = (0..4).map(replica).collect();
+    let mut policy = Policy::from_name("prefix_hash").unwrap();
+    let mut rng = SplitMix64::new(3);
+    let request = RouteRequest { hashes: &[], prompt_tokens: 5, session_key: Some(42) };
+    let first = policy.decide(&request, &views(&states), &lookup(&states, 0), &mut rng);
+    assert_eq!(first.rule, "ring_owner");
+    for _ in 0..5 {
+        assert_eq!(policy.decide(&request, &views(&states), &lookup(&states, 0), &mut rng).chosen, first.chosen);
+    }
+}
+
+#[test]
+fn approx_radix_follows_its_own_history_within_balance_thresholds() {
+    let config =
+        ScoringConfig { radix_balance_abs_threshold: 4, radix_balance_rel_threshold: 1.5, ..Default::default() };
+    let states: Vec<State> = (0..3).map(replica).collect();
+    let mut policy = Policy::new(PolicyKind::ApproxRadix, config);
+    let mut rng = SplitMix64::new(5);
+    let system = prompt(10, 7);
+    // Empty history: the smallest tree (all equal, RNG), then the same prefix sticks.
+    let first = route(&mut policy, &system, &states, &mut rng);
+    assert_eq!(first.rule, "smallest_history");
+    let owner = first.chosen.unwrap();
+    let again = route(&mut policy, &system, &states, &mut rng);
+    assert_eq!((again.chosen, again.rule), (Some(owner), "history_match"));
+    // Matching 4 of 10 blocks is under the 0.5 threshold: a replica with no history gets it.
+    let mut partial = system[..4].to_vec();
+    partial.extend(prompt(6, 8));
+    let spread = route(&mut policy, &partial, &states, &mut rng);
+    assert_eq!(spread.rule, "smallest_history");
+    assert_ne!(spread.chosen, Some(owner));
+    // Imbalanced (10 - 0 > 4 and 10 > 1.5 * 0): the least loaded, history or not.
+    let mut busy = states.clone();
+    busy[usize::from(owner)].running = 10;
+    busy[(usize::from(owner) + 1) % 3].running = 3;
+    let balanced = route(&mut policy, &system, &busy, &mut rng);
+    assert_eq!(balanced.rule, "imbalanced_least_loaded");
+    assert_eq!(balanced.chosen, Some((owner + 2) % 3));
+    // Both replicas routed the prompt now hold it in the history; the index's
+    // matches play no part, so the replica that holds it per events is not chosen.
+    let mut indexed = states.clone();
+    indexed[usize::from((owner + 1) % 3)].gpu = 10;
+    let followed = route(&mut policy, &system, &indexed, &mut rng);
+    assert_eq!(followed.rule, "history_match");
+    assert_ne!(followed.chosen, Some((owner + 1) % 3));
+}
+
+#[test]
+fn approx_radix_history_is_bounded() {
+    let config = ScoringConfig { radix_max_blocks: 50, ..Default::default() };
+    let states: Vec<State> = (0..3).map(replica).collect();
+    let mut policy = Policy::new(PolicyKind::ApproxRadix, config);
+    let mut rng = SplitMix64::new(5);
+    for variant in 0..200 {
+        route(&mut policy, &prompt(8, variant), &states, &mut rng);
+        assert!(policy.history().unwrap().len() <= 50);
+    }
+    // The most recent prompt is still remembered whole.
+    let last = prompt(8, 199);
+    let history = policy.history().unwrap();
+    assert!((0..3).any(|replica| history.matched(&last, replica) == 8));
+    assert_eq!((0..3).map(|replica| history.matched(&prompt(8, 0), replica)).max(), Some(0));
+}
