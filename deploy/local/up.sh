@@ -1,14 +1,117 @@
 #!/usr/bin/env bash
-# kvroute's local demo. The full cluster (redis + node-agents + gateway) is not
-# wired up yet: for now this builds the gateway and shows the block-hash chain
-# of a sample prompt with the built-in tokenizer, the contract every replica
-# and gateway share.
+# kvroute's one-command local cluster, on loopback:
+#   a redis-server for the shared tier (when one is installed),
+#   N node-agents (--agents N, default 2) serving SmolLM2-135M-Instruct
+#   (fetched into ~/.cache/kvroute on first run; tiny-random when that fails),
+#   and the gateway with HTTP on 127.0.0.1:8080 and gRPC on 127.0.0.1:50051.
+# Ctrl-C or SIGTERM stops every process it started. Logs and redis data stay in .run/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo build -j"${KVROUTE_BUILD_JOBS:-2}" --release -p kvroute-gateway --bin gateway --quiet
-prompt="You are a helpful assistant. Stable content first, variable content last: a timestamp at the top of a system prompt changes every block after it."
-echo "prompt: $prompt"
-echo "block hashes (model tiny-random, global scope, 16-token blocks):"
-target/release/gateway hash --model tiny-random --block-size 16 --text "$prompt"
-echo "same prompt, tenant scope t:acme:"
-target/release/gateway hash --model tiny-random --scope t:acme --block-size 16 --text "$prompt"
+root=$(pwd)
+
+agents=2
+http_port=8080
+grpc_port=50051
+agent_base_port=50061
+metrics_base_port=9101
+model=""
+usage() {
+  echo "usage: deploy/local/up.sh [--agents N] [--http-port P] [--grpc-port P] [--model tiny-random|FILE.gguf]"
+}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --agents) agents="$2"; shift 2 ;;
+    --http-port) http_port="$2"; shift 2 ;;
+    --grpc-port) grpc_port="$2"; shift 2 ;;
+    --model) model="$2"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; exit 2 ;;
+  esac
+done
+
+run_dir="$root/.run"
+mkdir -p "$run_dir"
+pids=()
+cleanup() {
+  trap - INT TERM EXIT
+  echo
+  echo "stopping kvroute (${#pids[@]} processes)"
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+trap cleanup INT TERM EXIT
+
+echo "== building (release)"
+cargo build -j"${KVROUTE_BUILD_JOBS:-2}" --release --quiet -p kvroute-gateway -p kvroute-node-agent
+
+if [ -z "$model" ]; then
+  if model=$(scripts/fetch-model.sh 2>"$run_dir/fetch-model.log"); then
+    echo "== model: SmolLM2-135M-Instruct ($model)"
+  else
+    model="tiny-random"
+    echo "== model: could not fetch SmolLM2 (see .run/fetch-model.log); serving tiny-random (random weights, meaningless text)"
+  fi
+fi
+tokenizer="builtin"
+[ "$model" != "tiny-random" ] && tokenizer="$model"
+
+redis_args=()
+redis_bin=$(command -v redis-server || true)
+[ -z "$redis_bin" ] && [ -x /usr/bin/redis-server ] && redis_bin=/usr/bin/redis-server
+if [ -n "$redis_bin" ]; then
+  redis_port=6390
+  mkdir -p "$run_dir/redis"
+  "$redis_bin" --bind 127.0.0.1 --port "$redis_port" --save "" --appendonly no --dir "$run_dir/redis" \
+    --maxmemory 512mb --maxmemory-policy allkeys-lru >"$run_dir/redis.log" 2>&1 &
+  pids+=($!)
+  redis_args=(--redis-url "redis://127.0.0.1:$redis_port/0")
+  echo "== redis-server on 127.0.0.1:$redis_port (shared network tier)"
+else
+  echo "== redis-server is not installed: the shared network tier is off"
+fi
+
+agent_list=()
+for i in $(seq 0 $((agents - 1))); do
+  port=$((agent_base_port + i))
+  mport=$((metrics_base_port + i))
+  # Small pools so eviction and tiering show within minutes of traffic.
+  target/release/node-agent --model "$model" --agent-id "agent-$i" --listen "127.0.0.1:$port" \
+    --metrics-addr "127.0.0.1:$mport" --kv-cache-bytes 48MiB --host-cache-bytes 96MiB "${redis_args[@]}" \
+    >"$run_dir/agent-$i.log" 2>&1 &
+  pids+=($!)
+  agent_list+=("127.0.0.1:$port")
+done
+agents_csv=$(IFS=,; echo "${agent_list[*]}")
+target/release/gateway --http-addr "127.0.0.1:$http_port" --grpc-addr "127.0.0.1:$grpc_port" \
+  --agents "$agents_csv" --tokenizer "$tokenizer" >"$run_dir/gateway.log" 2>&1 &
+pids+=($!)
+
+echo -n "== waiting for the gateway to be ready"
+for _ in $(seq 1 600); do
+  if curl -fsS "http://127.0.0.1:$http_port/ready" >/dev/null 2>&1; then break; fi
+  for pid in "${pids[@]}"; do
+    if ! kill -0 "$pid" 2>/dev/null; then echo; echo "a process exited early; see .run/*.log" >&2; exit 1; fi
+  done
+  echo -n "."
+  sleep 0.5
+done
+echo
+curl -fsS "http://127.0.0.1:$http_port/ready" >/dev/null || { echo "the gateway did not become ready; see .run/*.log" >&2; exit 1; }
+
+cat <<EOT
+kvroute is up.
+  HTTP (OpenAI-compatible): http://127.0.0.1:$http_port/v1   (models: /v1/models, OpenAPI: /openapi.json)
+  gRPC (kvroute.v1.Generate, reflection on): 127.0.0.1:$grpc_port
+  gateway metrics: http://127.0.0.1:$http_port/metrics
+  agent metrics:   $(for i in $(seq 0 $((agents - 1))); do printf 'http://127.0.0.1:%s/metrics ' $((metrics_base_port + i)); done)
+  logs: .run/
+
+Try:
+  curl -s http://127.0.0.1:$http_port/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"messages":[{"role":"user","content":"What is the capital of France?"}],"max_tokens":24}'
+Send it twice and watch usage.prompt_tokens_details.cached_tokens rise.
+Explain a routing decision: curl -s http://127.0.0.1:$http_port/debug/route -d '{"prompt":"Hello"}'
+Ctrl-C stops everything.
+EOT
+wait -n "${pids[@]}" || true
+echo "a process exited; see .run/*.log"

@@ -48,7 +48,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = IndexConfig::default().max_entries)]
     pub index_max_entries: usize,
     /// A replica whose event stream is quiet this long is unhealthy (milliseconds).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 2000)]
     pub heartbeat_timeout_ms: u64,
     /// How long routed blocks count as pending on their replica (milliseconds).
     #[arg(long, default_value_t = 3000)]
@@ -71,7 +71,8 @@ pub struct ServeArgs {
 }
 
 fn parse_policy(name: &str) -> Result<PolicyKind, String> {
-    PolicyKind::from_name(name).ok_or_else(|| format!("unknown policy {name:?}; one of {}", PolicyKind::names().join(", ")))
+    PolicyKind::from_name(name)
+        .ok_or_else(|| format!("unknown policy {name:?}; one of {}", PolicyKind::names().join(", ")))
 }
 
 impl ServeArgs {

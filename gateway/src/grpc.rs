@@ -55,7 +55,9 @@ impl pb::generate_server::Generate for GenerateService {
         let key = request.metadata().get("authorization").and_then(|value| value.to_str().ok());
         let tenant = self.tenants.authenticate(bearer(key)).map_err(|error| {
             fail(match error {
-                AuthError::Missing => ServiceError::Unauthorized("missing API key: send `authorization: Bearer KEY`".into()),
+                AuthError::Missing => {
+                    ServiceError::Unauthorized("missing API key: send `authorization: Bearer KEY`".into())
+                }
                 AuthError::Invalid => ServiceError::Unauthorized("invalid API key".into()),
             })
         })?;
@@ -81,7 +83,11 @@ impl pb::generate_server::Generate for GenerateService {
             tenant,
             cache_salt: (!tenant_meta.cache_salt.is_empty()).then_some(tenant_meta.cache_salt),
             sampling,
-            max_tokens: if request.max_tokens == 0 { self.gateway.config.default_max_tokens } else { request.max_tokens },
+            max_tokens: if request.max_tokens == 0 {
+                self.gateway.config.default_max_tokens
+            } else {
+                request.max_tokens
+            },
             stop: request.stop,
         };
         let mut receiver = self.gateway.generate(spec).await.map_err(fail)?;

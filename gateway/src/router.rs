@@ -68,7 +68,35 @@ impl Router {
         self.origin.elapsed().as_millis() as Millis
     }
 
+    /// Replica views for scoring. A replica that has not measured a rate yet
+    /// (a new or idle one) is given the mean of the replicas that have, so an
+    /// unmeasured replica never looks faster than a measured one of the same
+    /// fleet; the scoring defaults apply only when nobody has measured.
     fn views(pool: &Pool) -> Vec<ReplicaView> {
+        let mut views = Self::raw_views(pool);
+        let mean = |rate: fn(&LoadStats) -> f64, views: &[ReplicaView]| {
+            let measured: Vec<f64> = views.iter().map(|view| rate(&view.load)).filter(|r| *r > 0.0).collect();
+            (!measured.is_empty()).then(|| measured.iter().sum::<f64>() / measured.len() as f64)
+        };
+        let prefill = mean(|load| load.prefill_tokens_per_second, &views);
+        let host = mean(|load| load.host_bytes_per_second, &views);
+        let network = mean(|load| load.network_bytes_per_second, &views);
+        for view in &mut views {
+            let load = &mut view.load;
+            if load.prefill_tokens_per_second == 0.0 {
+                load.prefill_tokens_per_second = prefill.unwrap_or(0.0);
+            }
+            if load.host_bytes_per_second == 0.0 {
+                load.host_bytes_per_second = host.unwrap_or(0.0);
+            }
+            if load.network_bytes_per_second == 0.0 {
+                load.network_bytes_per_second = network.unwrap_or(0.0);
+            }
+        }
+        views
+    }
+
+    fn raw_views(pool: &Pool) -> Vec<ReplicaView> {
         pool.replicas()
             .iter()
             .filter_map(|replica| {
@@ -85,7 +113,13 @@ impl Router {
             .collect()
     }
 
-    fn decide(&self, hashes: &[BlockHash], prompt_tokens: usize, views: &[ReplicaView], record: bool) -> (Decision, LookupResult) {
+    fn decide(
+        &self,
+        hashes: &[BlockHash],
+        prompt_tokens: usize,
+        views: &[ReplicaView],
+        record: bool,
+    ) -> (Decision, LookupResult) {
         let lookup = self.index.lookup(hashes, self.now());
         let request = RouteRequest { hashes, prompt_tokens, session_key: None };
         let mut fallback = SplitMix64::new(0);
@@ -103,7 +137,14 @@ impl Router {
     }
 
     /// Chooses replicas for a request and updates the traffic sketches.
-    pub fn plan(&self, hashes: &[BlockHash], prompt_tokens: usize, pool: &Pool, tenant: &str, prompt: &[u32]) -> RoutePlan {
+    pub fn plan(
+        &self,
+        hashes: &[BlockHash],
+        prompt_tokens: usize,
+        pool: &Pool,
+        tenant: &str,
+        prompt: &[u32],
+    ) -> RoutePlan {
         let views = Self::views(pool);
         let (decision, _) = self.decide(hashes, prompt_tokens, &views, true);
         self.sketch.observe(hashes);

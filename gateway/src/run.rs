@@ -52,8 +52,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         args.seed,
         args.pending_ttl_ms,
     )?);
-    let expectations =
-        Expectations { model_id: args.model_id.clone(), block_size: args.block_size, vocab_size: tokenizer.vocab_size() };
+    let expectations = Expectations {
+        model_id: args.model_id.clone(),
+        block_size: args.block_size,
+        vocab_size: tokenizer.vocab_size(),
+    };
     let pool_config = PoolConfig { heartbeat_timeout: args.heartbeat_timeout(), ..PoolConfig::default() };
     let pool = Pool::new(router.clone() as Arc<dyn IndexSink>, expectations, pool_config);
     discovery::add_static(&pool, &args.agents).map_err(anyhow::Error::msg)?;
@@ -61,7 +64,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let interval = Duration::from_secs(args.dns_interval_secs.max(1));
         tokio::spawn(discovery::watch_dns(pool.clone(), target, interval, args.agents.clone()))
     });
-    let gateway = Arc::new(Gateway { tokenizer: tokenizer.clone(), pool: pool.clone(), router: router.clone(), config: args.service_config() });
+    let gateway = Arc::new(Gateway {
+        tokenizer: tokenizer.clone(),
+        pool: pool.clone(),
+        router: router.clone(),
+        config: args.service_config(),
+    });
     let state = Arc::new(AppState {
         gateway: gateway.clone(),
         renderer: Arc::new(renderer),
@@ -71,8 +79,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         replies: Arc::new(ReplyMemory::new(1 << 20)),
     });
 
-    let http = tokio::net::TcpListener::bind(args.http_addr).await.with_context(|| format!("binding {}", args.http_addr))?;
-    let grpc = tokio::net::TcpListener::bind(args.grpc_addr).await.with_context(|| format!("binding {}", args.grpc_addr))?;
+    let http =
+        tokio::net::TcpListener::bind(args.http_addr).await.with_context(|| format!("binding {}", args.http_addr))?;
+    let grpc =
+        tokio::net::TcpListener::bind(args.grpc_addr).await.with_context(|| format!("binding {}", args.grpc_addr))?;
     tracing::info!(
         http = %http.local_addr()?,
         grpc = %grpc.local_addr()?,
@@ -83,10 +93,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut http_stop = stop.subscribe();
-    let http_server = axum::serve(http, router_with_state(state))
-        .with_graceful_shutdown(async move {
-            let _ = http_stop.recv().await;
-        });
+    let http_server = axum::serve(http, router_with_state(state)).with_graceful_shutdown(async move {
+        let _ = http_stop.recv().await;
+    });
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(kvroute_proto::FILE_DESCRIPTOR_SET)
         .build_v1()?;

@@ -192,7 +192,10 @@ impl Gateway {
 
     /// Routes and starts a request. Returns once a replica sent the first
     /// token (or every attempt failed); events then arrive on the receiver.
-    pub async fn generate(&self, spec: GenerateSpec) -> Result<mpsc::Receiver<Result<StreamEvent, ServiceError>>, ServiceError> {
+    pub async fn generate(
+        &self,
+        spec: GenerateSpec,
+    ) -> Result<mpsc::Receiver<Result<StreamEvent, ServiceError>>, ServiceError> {
         let started = Instant::now();
         if let Some(bad) = spec.prompt.iter().find(|&&id| id >= self.tokenizer.vocab_size()) {
             return Err(ServiceError::bad_request(format!("token id {bad} is outside the vocabulary"), Some("prompt")));
@@ -329,7 +332,8 @@ impl TextStream {
                     return;
                 }
                 Ok(Err(status)) => {
-                    let error = ServiceError::Interrupted(format!("the replica failed mid-stream: {}", status.message()));
+                    let error =
+                        ServiceError::Interrupted(format!("the replica failed mid-stream: {}", status.message()));
                     let _ = sender.send(Err(error)).await;
                     return;
                 }

@@ -102,9 +102,11 @@ impl Tenants {
             let error = |reason: &str| KeyFileError::Line { line: index + 1, reason: reason.to_string() };
             let (key, tenant, mode) = match fields.as_slice() {
                 [key, tenant] => (*key, *tenant, ScopeMode::Private),
-                [key, tenant, mode] => {
-                    (*key, *tenant, ScopeMode::parse(mode).ok_or_else(|| error("scope must be private, global or off"))?)
-                }
+                [key, tenant, mode] => (
+                    *key,
+                    *tenant,
+                    ScopeMode::parse(mode).ok_or_else(|| error("scope must be private, global or off"))?,
+                ),
                 _ => return Err(error("expected KEY TENANT [SCOPE]")),
             };
             if !tenant.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {

@@ -13,7 +13,12 @@ use kvroute_proto::pb::{self, generate_client::GenerateClient};
 use kvroute_test_support::{ChildProcess, free_port, http_request, project_binary, wait_for_tcp};
 use serde_json::{Value, json};
 
+/// Clusters of this file run one at a time: each is several processes on a
+/// small machine, and heartbeats must not starve.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 struct Cluster {
+    _serial: std::sync::MutexGuard<'static, ()>,
     agents: Vec<(ChildProcess, SocketAddr, SocketAddr)>,
     _gateway: ChildProcess,
     http: SocketAddr,
@@ -25,6 +30,7 @@ fn addr() -> SocketAddr {
 }
 
 fn start(agents: usize) -> Cluster {
+    let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let agent_binary = project_binary("kvroute-node-agent", "node-agent");
     let mut started = Vec::new();
     for i in 0..agents {
@@ -44,7 +50,8 @@ fn start(agents: usize) -> Cluster {
     let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
     command
         .args(["--http-addr", &http.to_string(), "--grpc-addr", &grpc.to_string(), "--agents", &list.join(",")])
-        .args(["--heartbeat-timeout-ms", "500"]);
+        .args(["--heartbeat-timeout-ms", "1500"])
+        .stderr(Stdio::null());
     let gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
     wait_for_tcp(http, Duration::from_secs(30)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -57,11 +64,13 @@ fn start(agents: usize) -> Cluster {
         assert!(Instant::now() < deadline, "gateway not ready: {}", ready.text());
         std::thread::sleep(Duration::from_millis(50));
     }
-    Cluster { agents: started, _gateway: gateway, http, grpc }
+    Cluster { _serial: serial, agents: started, _gateway: gateway, http, grpc }
 }
 
 fn post(cluster: &Cluster, path: &str, body: &Value) -> (u16, Value) {
-    let response = http_request(cluster.http, "POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes()).unwrap();
+    let response =
+        http_request(cluster.http, "POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
+            .unwrap();
     (response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null))
 }
 
@@ -98,7 +107,8 @@ fn repeated_prefix_goes_to_its_holder_and_unrelated_prompts_spread() {
     }
     // Unrelated prompts: both replicas get work.
     for i in 0..8 {
-        let (status, _) = post(&cluster, "/v1/completions", &json!({"prompt": long_prompt(&format!("topic {i}")), "max_tokens": 2}));
+        let (status, _) =
+            post(&cluster, "/v1/completions", &json!({"prompt": long_prompt(&format!("topic {i}")), "max_tokens": 2}));
         assert_eq!(status, 200);
     }
     for (_, _, metrics) in &cluster.agents {
@@ -116,7 +126,11 @@ fn chat_turn_two_reuses_turn_one_answer() {
     let cluster = start(2);
     let system = json!({"role": "system", "content": "You are a terse assistant. Answer in one sentence."});
     let user1 = json!({"role": "user", "content": "Name three rivers of Europe and say something about each of them."});
-    let (status, turn1) = post(&cluster, "/v1/chat/completions", &json!({"messages": [system, user1], "max_tokens": 40, "temperature": 0}));
+    let (status, turn1) = post(
+        &cluster,
+        "/v1/chat/completions",
+        &json!({"messages": [system, user1], "max_tokens": 40, "temperature": 0}),
+    );
     assert_eq!(status, 200, "{turn1}");
     assert_eq!(turn1["object"], "chat.completion");
     let answer = turn1["choices"][0]["message"]["content"].as_str().unwrap().to_string();
@@ -125,8 +139,11 @@ fn chat_turn_two_reuses_turn_one_answer() {
     std::thread::sleep(Duration::from_millis(300));
     let assistant = json!({"role": "assistant", "content": answer});
     let user2 = json!({"role": "user", "content": "And one more?"});
-    let (status, turn2) =
-        post(&cluster, "/v1/chat/completions", &json!({"messages": [system, user1, assistant, user2], "max_tokens": 4}));
+    let (status, turn2) = post(
+        &cluster,
+        "/v1/chat/completions",
+        &json!({"messages": [system, user1, assistant, user2], "max_tokens": 4}),
+    );
     assert_eq!(status, 200, "{turn2}");
     let cached = turn2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
     // Turn 1's prompt and all but its last generated token are in the replica's blocks.
@@ -178,7 +195,10 @@ fn streaming_grpc_and_errors() {
         }
         assert_eq!(tokens, 6);
         assert_eq!(usage.unwrap().completion_tokens, 6);
-        let empty = pb::GenerateRequest { prompt: Some(pb::generate_request::Prompt::Text(String::new())), ..Default::default() };
+        let empty = pb::GenerateRequest {
+            prompt: Some(pb::generate_request::Prompt::Text(String::new())),
+            ..Default::default()
+        };
         assert_eq!(client.generate(empty).await.unwrap_err().code(), tonic::Code::InvalidArgument);
         let unknown = pb::GenerateRequest {
             model: "no-such-model".into(),
@@ -222,7 +242,7 @@ fn a_killed_agent_fails_over() {
         let (status, response) = post(&cluster, "/v1/completions", &body);
         assert_eq!(status, 200, "{response}");
     }
-    std::thread::sleep(Duration::from_millis(1200));
+    std::thread::sleep(Duration::from_millis(2500));
     let ready = http_request(cluster.http, "GET", "/ready", &[], b"").unwrap();
     let ready: Value = serde_json::from_slice(&ready.body).unwrap();
     assert_eq!(ready["healthy_replicas"], 1);

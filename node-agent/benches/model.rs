@@ -2,6 +2,8 @@
 //! SmolLM2-135M), and the single-thread sgemm rate of a prefill-shaped product for reference.
 //!
 //! `cargo bench -p kvroute-node-agent --bench model -- --warm-up-time 1 --measurement-time 5`
+//!
+//! The model uses all available cores unless `KVROUTE_BENCH_THREADS` says how many threads to use.
 
 // A benchmark has no one to report an error to: setup failures abort it.
 #![allow(clippy::expect_used)]
@@ -27,7 +29,12 @@ fn models() -> Vec<(&'static str, Model)> {
     let tiny = Model::load("tiny-random").expect("tiny-random");
     let path = kvroute_test_support::smollm2_path();
     let smol = Model::load(path.to_str().expect("UTF-8 path")).expect("SmolLM2");
-    vec![("tiny-random", tiny), ("smollm2-135m", smol)]
+    let threads = std::env::var("KVROUTE_BENCH_THREADS").ok().and_then(|v| v.parse().ok());
+    let mut models = vec![("tiny-random", tiny), ("smollm2-135m", smol)];
+    for (_, model) in &mut models {
+        model.set_threads(threads.unwrap_or(model.threads()));
+    }
+    models
 }
 
 fn bench_prefill(c: &mut Criterion, name: &str, model: &Model) {

@@ -11,8 +11,8 @@
 
 pub mod block_manager;
 pub mod capacity;
-pub mod engine;
 pub mod config;
+pub mod engine;
 pub mod metrics;
 pub mod model;
 pub mod run;

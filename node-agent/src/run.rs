@@ -10,10 +10,10 @@ use kvroute_proto::block_record::ModelFingerprint;
 use kvroute_proto::domain::{AgentInfo, Tier, TierInfo};
 
 use crate::config::ServeArgs;
-use crate::engine::tiering::SpillFn;
-use crate::engine::{Engine, Tiering};
 use crate::engine::model_executor::ModelExecutor;
 use crate::engine::thread::{EngineHandle, SharedSink, StreamIdentity};
+use crate::engine::tiering::SpillFn;
+use crate::engine::{Engine, Tiering};
 use crate::model::{KvStore, Model};
 use crate::server::AgentService;
 use crate::tiers::host::HostTier;
@@ -44,7 +44,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let block_size = args.block_size as usize;
     let num_blocks =
         args.num_blocks.unwrap_or_else(|| KvStore::blocks_for_bytes(geometry, block_size, args.kv_cache_bytes));
-    anyhow::ensure!(num_blocks > 0, "the KV budget holds no block of {} bytes", geometry.bytes_per_block(args.block_size));
+    anyhow::ensure!(
+        num_blocks > 0,
+        "the KV budget holds no block of {} bytes",
+        geometry.bytes_per_block(args.block_size)
+    );
     let agent_id = args.agent_id.clone().unwrap_or_else(|| format!("agent-{}", args.listen.port()));
     let epoch = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
     let engine_config = args.engine_config(config.max_context);
@@ -57,7 +61,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         vocab_size: config.vocab_size as u32,
         max_context_tokens: engine_config.max_context as u32,
         tiers: vec![
-            TierInfo { tier: Tier::Gpu, enabled: true, capacity_bytes: num_blocks as u64 * geometry.bytes_per_block(args.block_size) },
+            TierInfo {
+                tier: Tier::Gpu,
+                enabled: true,
+                capacity_bytes: num_blocks as u64 * geometry.bytes_per_block(args.block_size),
+            },
             TierInfo { tier: Tier::Host, enabled: args.host_cache_bytes > 0, capacity_bytes: args.host_cache_bytes },
             TierInfo { tier: Tier::Network, enabled: args.network_config().is_some(), capacity_bytes: 0 },
         ],
@@ -76,15 +84,23 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let network = args.network_config().map(|config| {
         let events = sink.clone();
         let fingerprint = ModelFingerprint::new(model.model_id(), &geometry, args.block_size);
-        NetworkTier::start(config, fingerprint, args.block_size, bytes_per_block, Arc::new(move |event| events.push(event)))
+        NetworkTier::start(
+            config,
+            fingerprint,
+            args.block_size,
+            bytes_per_block,
+            Arc::new(move |event| events.push(event)),
+        )
     });
     let host = (args.host_cache_bytes > 0).then(|| HostTier::new(args.host_cache_bytes));
     let spill = network.clone().map(|network| Box::new(move |hash, bytes| network.spill(hash, bytes)) as SpillFn);
     let engine = Engine::new(engine_config, ModelExecutor::new(model, kv), eos, Box::new(sink.clone()))
         .with_tiering(Tiering::new(host, spill));
-    let engine = EngineHandle::spawn(engine, sink, StreamIdentity { agent_id: agent_id.clone(), epoch }, network.clone());
+    let engine =
+        EngineHandle::spawn(engine, sink, StreamIdentity { agent_id: agent_id.clone(), epoch }, network.clone());
     let service = AgentService::new(engine.clone(), info.clone(), network);
-    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     let local = listener.local_addr()?;
     tracing::info!(
         agent_id,

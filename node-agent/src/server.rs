@@ -107,7 +107,8 @@ impl pb::agent_server::Agent for AgentService {
         _request: Request<pb::SubscribeKvEventsRequest>,
     ) -> Result<Response<Self::SubscribeKvEventsStream>, Status> {
         let receiver = self.engine.subscribe().map_err(status_of)?;
-        let stream = tokio_stream::StreamExt::map(ReceiverStream::new(receiver), |batch| Ok(pb::KvEventBatch::from(batch)));
+        let stream =
+            tokio_stream::StreamExt::map(ReceiverStream::new(receiver), |batch| Ok(pb::KvEventBatch::from(batch)));
         Ok(Response::new(Box::pin(stream)))
     }
 

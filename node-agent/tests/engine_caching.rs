@@ -28,7 +28,12 @@ fn engine(num_blocks: usize, block_size: usize, config: EngineConfig) -> Engine<
     let geometry = model.config().kv_geometry(KvDtype::Bf16);
     let kv = KvStore::new(geometry, num_blocks, block_size);
     let eos = Vec::new(); // random weights: run every request to max_tokens
-    Engine::new(EngineConfig { capture_logits: true, ..config }, ModelExecutor::new(model, kv), eos, Box::new(VecSink::default()))
+    Engine::new(
+        EngineConfig { capture_logits: true, ..config },
+        ModelExecutor::new(model, kv),
+        eos,
+        Box::new(VecSink::default()),
+    )
 }
 
 fn request(prompt: &[u32], max_tokens: u32) -> AgentGenerateRequest {

@@ -40,7 +40,11 @@ fn generate_request(prompt: Vec<u32>, max_tokens: u32) -> pb::AgentGenerateReque
     pb::AgentGenerateRequest { prompt_token_ids: prompt, max_tokens, ignore_eos: true, ..Default::default() }
 }
 
-async fn generate(client: &mut AgentClient<tonic::transport::Channel>, prompt: Vec<u32>, max_tokens: u32) -> (Vec<u32>, pb::Usage) {
+async fn generate(
+    client: &mut AgentClient<tonic::transport::Channel>,
+    prompt: Vec<u32>,
+    max_tokens: u32,
+) -> (Vec<u32>, pb::Usage) {
     let mut stream = client.generate(generate_request(prompt, max_tokens)).await.unwrap().into_inner();
     let mut tokens = Vec::new();
     let mut usage = None;
@@ -160,7 +164,10 @@ async fn a_full_queue_answers_resource_exhausted() {
 #[test]
 fn check_config_and_capacity_commands() {
     let binary = env!("CARGO_BIN_EXE_node-agent");
-    let ok = Command::new(binary).args(["--kv-cache-bytes", "1GiB", "--kv-dtype", "fp8", "--check-config"]).output().unwrap();
+    let ok = Command::new(binary)
+        .args(["--kv-cache-bytes", "1GiB", "--kv-dtype", "fp8", "--check-config"])
+        .output()
+        .unwrap();
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     let bad = Command::new(binary).args(["--kv-dtype", "int3", "--check-config"]).output().unwrap();
     assert!(!bad.status.success());

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvroute_node_agent::engine::model_executor::ModelExecutor;
-use kvroute_node_agent::engine::tiering::SpillFn;
 use kvroute_node_agent::engine::thread::SharedSink;
+use kvroute_node_agent::engine::tiering::SpillFn;
 use kvroute_node_agent::engine::{Engine, EngineConfig, Output, Prefetched, Tiering};
 use kvroute_node_agent::model::{KvStore, Model};
 use kvroute_node_agent::tiers::host::HostTier;

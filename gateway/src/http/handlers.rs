@@ -46,17 +46,23 @@ fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Tenant, Service
 
 /// Reads the body within the size limit and parses it as JSON.
 async fn parse_body<T: DeserializeOwned>(state: &AppState, body: Body) -> Result<T, ServiceError> {
-    let bytes: Bytes = axum::body::to_bytes(body, state.max_body_bytes).await.map_err(|_| {
-        ServiceError::TooLarge(format!("the request body exceeds {} bytes", state.max_body_bytes))
-    })?;
+    let bytes: Bytes = axum::body::to_bytes(body, state.max_body_bytes)
+        .await
+        .map_err(|_| ServiceError::TooLarge(format!("the request body exceeds {} bytes", state.max_body_bytes)))?;
     if std::str::from_utf8(&bytes).is_err() {
         return Err(ServiceError::bad_request("the request body is not valid UTF-8", None));
     }
-    serde_json::from_slice(&bytes).map_err(|error| ServiceError::bad_request(format!("invalid request body: {error}"), None))
+    serde_json::from_slice(&bytes)
+        .map_err(|error| ServiceError::bad_request(format!("invalid request body: {error}"), None))
 }
 
 /// Validates the fields both endpoints share into a spec (without the prompt).
-fn spec_from(state: &AppState, common: &CommonParams, tenant: Tenant, prompt: Vec<u32>) -> Result<GenerateSpec, ServiceError> {
+fn spec_from(
+    state: &AppState,
+    common: &CommonParams,
+    tenant: Tenant,
+    prompt: Vec<u32>,
+) -> Result<GenerateSpec, ServiceError> {
     if prompt.is_empty() {
         return Err(ServiceError::bad_request("the prompt is empty", Some("prompt")));
     }
@@ -66,7 +72,10 @@ fn spec_from(state: &AppState, common: &CommonParams, tenant: Tenant, prompt: Ve
     let max_tokens = match common.max_completion_tokens.or(common.max_tokens) {
         None => state.gateway.config.default_max_tokens,
         Some(value) if value < 1 => {
-            return Err(ServiceError::bad_request(format!("max_tokens must be at least 1, got {value}"), Some("max_tokens")));
+            return Err(ServiceError::bad_request(
+                format!("max_tokens must be at least 1, got {value}"),
+                Some("max_tokens"),
+            ));
         }
         Some(value) => u32::try_from(value)
             .map_err(|_| ServiceError::bad_request(format!("max_tokens {value} is too large"), Some("max_tokens")))?,
@@ -131,7 +140,9 @@ pub async fn completions(State(state): Shared, headers: HeaderMap, body: Body) -
             },
             usage,
         };
-        return stream_response(ROUTE, started, receiver, include_usage, None, move |event| chunk(event.0, event.1, event.2));
+        return stream_response(ROUTE, started, receiver, include_usage, None, move |event| {
+            chunk(event.0, event.1, event.2)
+        });
     }
     match collect(receiver).await {
         Ok((text, _ids, reason, usage)) => {
@@ -142,7 +153,12 @@ pub async fn completions(State(state): Shared, headers: HeaderMap, body: Body) -
                 object: "text_completion",
                 created,
                 model,
-                choices: vec![CompletionChoice { index: 0, text, logprobs: None, finish_reason: Some(reason.as_openai()) }],
+                choices: vec![CompletionChoice {
+                    index: 0,
+                    text,
+                    logprobs: None,
+                    finish_reason: Some(reason.as_openai()),
+                }],
                 usage: Some(usage_body(usage)),
             })
             .into_response()
@@ -174,7 +190,12 @@ pub async fn chat_completions(State(state): Shared, headers: HeaderMap, body: Bo
     let recall = move |text: &str| replies.recall(text);
     let prompt = match state.renderer.render_tokens_with_replies(&request.messages, &request.tools, true, &recall) {
         Ok(prompt) => prompt,
-        Err(error) => return fail(ROUTE, ServiceError::bad_request(format!("cannot render the conversation: {error}"), Some("messages"))),
+        Err(error) => {
+            return fail(
+                ROUTE,
+                ServiceError::bad_request(format!("cannot render the conversation: {error}"), Some("messages")),
+            );
+        }
     };
     let spec = match spec_from(&state, &request.common, tenant, prompt) {
         Ok(spec) => spec,
@@ -350,9 +371,7 @@ pub async fn ready(State(state): Shared) -> Response {
 pub async fn metrics(State(state): Shared) -> Response {
     state.gateway.router.publish_metrics();
     match &state.metrics {
-        Some(handle) => {
-            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render()).into_response()
-        }
+        Some(handle) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render()).into_response(),
         None => (StatusCode::NOT_FOUND, "metrics are not enabled").into_response(),
     }
 }
@@ -377,7 +396,9 @@ pub async fn explain_route(State(state): Shared, headers: HeaderMap, body: Body)
     let prompt = if value.get("messages").is_some() {
         match serde_json::from_value::<ChatCompletionRequest>(value) {
             Ok(request) => state.renderer.render_tokens(&request.messages, &request.tools, true),
-            Err(error) => return fail(ROUTE, ServiceError::bad_request(format!("invalid request body: {error}"), None)),
+            Err(error) => {
+                return fail(ROUTE, ServiceError::bad_request(format!("invalid request body: {error}"), None));
+            }
         }
         .map_err(|error| ServiceError::bad_request(error.to_string(), Some("messages")))
     } else {

@@ -28,9 +28,9 @@
 //!
 //! # Memory
 //! The table is sized once: `max_entries / 0.7` slots of `16 + 24W` bytes
-//! (W = set words, 1 up to 64 replicas), plus a 2-bit recency counter per slot
-//! and a sequence counter per 64 slots: about 57.7 bytes per entry at the
-//! cap with up to 64 replicas ([`PrefixIndex::bytes_per_entry_at_cap`]).
+//! (W = set words, 1 up to 64 replicas) and a relocation counter per 64 slots:
+//! 57.3 bytes per entry at the cap with up to 64 replicas
+//! ([`PrefixIndex::bytes_per_entry_at_cap`]).
 //!
 //! Past the cap, each insert evicts one entry, an approximate LRU: every
 //! entry has a 2-bit recency counter, set to 3 by a lookup hit and to at least
@@ -435,6 +435,7 @@ impl PrefixIndex {
         let mut holders = [0u64; 3 * MAX_SET_WORDS];
         let mut processed = 0;
         let mut warmed = 0;
+        let pending_live = self.pending.any_live(now);
         let mut warm = 0u64;
         for (block, hash) in hashes.iter().enumerate() {
             if block == warmed {
@@ -443,14 +444,18 @@ impl PrefixIndex {
                 warmed = (block + WARM_AHEAD).min(hashes.len());
                 for ahead in &hashes[block..warmed] {
                     let key = Key::of(ahead);
-                    warm ^= self.table.warm(key) ^ self.pending.warm(key);
+                    warm ^= self.table.warm(key);
+                    if pending_live {
+                        warm ^= self.pending.warm(key);
+                    }
                 }
             }
             let key = Key::of(hash);
             if !self.table.find(key, &mut holders, true) {
                 holders[..3 * words].fill(0);
             }
-            if let Some(replica) = self.pending.holder(key, now) {
+            let pending = if pending_live { self.pending.holder(key, now) } else { None };
+            if let Some(replica) = pending {
                 let index = usize::from(replica);
                 if index < replicas {
                     holders[GPU * words + index / 64] |= 1 << (index % 64);

@@ -2,7 +2,7 @@
 //! events confirm it. A small lossy table that any request thread may write
 //! and read without locks.
 //!
-//! Buckets of two slots are addressed by the key's high word. A slot holds one
+//! Buckets of two slots are addressed by the key's low bits. A slot holds one
 //! (block, replica, expiry); a new entry replaces the slot with the same block,
 //! else an empty or expired slot, else the one expiring first. Writers take a
 //! slot with a compare-and-swap and give up when another writer holds it:
@@ -27,6 +27,8 @@ const EXPIRY_MASK: u64 = (1 << EXPIRY_BITS) - 1;
 pub(crate) struct PendingTable {
     words: Box<[AtomicU64]>,
     buckets: usize,
+    /// The latest expiry ever recorded: no entry is live at or after it.
+    horizon: AtomicU64,
 }
 
 fn pack(replica: ReplicaId, expiry: Millis) -> u64 {
@@ -45,7 +47,11 @@ impl PendingTable {
     /// A table of at least `slots` slots (rounded up to a power of two, at least 2).
     pub fn new(slots: usize) -> PendingTable {
         let slots = slots.max(2).next_power_of_two();
-        PendingTable { words: (0..slots * STRIDE).map(|_| AtomicU64::new(0)).collect(), buckets: slots / 2 }
+        PendingTable {
+            words: (0..slots * STRIDE).map(|_| AtomicU64::new(0)).collect(),
+            buckets: slots / 2,
+            horizon: AtomicU64::new(0),
+        }
     }
 
     pub fn memory_bytes(&self) -> usize {
@@ -53,7 +59,14 @@ impl PendingTable {
     }
 
     fn bucket(&self, key: Key) -> usize {
-        (key.hi as usize) & (self.buckets - 1)
+        // The low bits of `lo`: independent of the main table's home slot,
+        // which comes from the high bits.
+        (key.lo as usize) & (self.buckets - 1)
+    }
+
+    /// Whether any entry may still be live at `now` (lookups skip the table otherwise).
+    pub fn any_live(&self, now: Millis) -> bool {
+        now < self.horizon.load(Ordering::Relaxed)
     }
 
     /// Loads the first word of `key`'s bucket (see `Table::warm`).
@@ -63,6 +76,9 @@ impl PendingTable {
 
     /// Records `key` as pending on `replica` until `expiry`.
     pub fn add(&self, key: Key, replica: ReplicaId, now: Millis, expiry: Millis) {
+        if self.horizon.load(Ordering::Relaxed) < expiry {
+            self.horizon.fetch_max(expiry, Ordering::Relaxed);
+        }
         let first = self.bucket(key) * 2;
         let mut target = first;
         let mut target_rank = u64::MAX;

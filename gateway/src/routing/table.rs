@@ -6,46 +6,61 @@
 //! Slot `i` occupies `stride = 2 + 3W` consecutive `AtomicU64` words:
 //! `key_lo, key_hi, gpu[W], host[W], network[W]`, where `W` is the number of
 //! 64-bit words of a replica set: with up to 64 replicas a slot is 40 bytes.
-//! A slot is empty when all its replica sets are empty (the writer deletes an
-//! entry as its last holder goes). Keys are placed by linear probing from
-//! `home(key)`; deletion shifts later entries of the run backwards, so there
-//! are no tombstones. A 2-bit recency counter per slot, for eviction, lives
-//! in a separate bitmap.
+//! The low 16 bits of `key_hi` are not key: bits 0-1 hold the entry's recency
+//! (for eviction), bit 2 is set while the writer rewrites the slot, bits 3-15
+//! are the slot's version. Keys are thus 112 of the hash's 128 bits. A slot is
+//! empty when all its replica sets are empty: the writer deletes an entry as
+//! its last holder goes. Keys are placed by linear probing from `home(key)`;
+//! deletion shifts later entries of the run backwards (no tombstones).
 //!
 //! # Reads never wait
-//! Every region of [`REGION_SLOTS`] slots has a sequence counter. The writer makes it odd before it changes a key in the region
-//! (insert, delete, the moves of a backward shift) and even again after.
-//! A reader notes the counter of each region as its probe enters it, reads the
-//! slots, and then checks that none of the counters moved; if one did, it
-//! probes again, and after [`FIND_ATTEMPTS`] attempts it reports the key as
-//! absent. It never waits for the writer: the only effect of a racing writer
-//! on a lookup is, rarely, a block under-reported for that one lookup.
-//! Replica bits of a live entry change in place with single atomic RMWs and
-//! no counter change: each word a reader sees is a value the entry really had.
+//! `key_hi` is a sequence lock for its slot: a reader reads it, the rest of
+//! the slot, and it again, and retries the slot when it was being written or
+//! changed. Replica bits of a live entry change in place with single atomic
+//! RMWs and no version change: each word a reader sees is a value the entry
+//! really had. A backward shift may move an entry past a probing reader, so a
+//! probe that ends without finding its key is repeated with the sequence
+//! counters of every region of [`REGION_SLOTS`] slots it crosses, which a
+//! shift makes odd while it moves entries there. Readers never wait for the
+//! writer: a slot that stays busy is skipped, and a miss that cannot be
+//! confirmed after [`FIND_ATTEMPTS`] attempts is reported as a miss. The only
+//! effect of a racing writer on a lookup is, rarely, a block under-reported.
 
 use std::hint::spin_loop;
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use kvroute_proto::BlockHash;
 
-/// Slots per sequence counter: small regions keep a busy writer from
-/// disturbing lookups elsewhere.
+/// Slots per relocation counter.
 pub(crate) const REGION_SLOTS: usize = 64;
-/// Whole-probe attempts before a find gives up and reports a miss.
+/// Region-checked probes before a miss is reported unconfirmed.
 pub(crate) const FIND_ATTEMPTS: usize = 16;
-/// Regions a single probe may cross and still be verified.
+/// Consistent-read attempts of one slot before the probe skips it.
+const SLOT_ATTEMPTS: usize = 16;
+/// Regions a single probe may cross and still be confirmed.
 const MAX_PROBE_REGIONS: usize = 4;
+
 /// Words of the key.
 const KEY_WORDS: usize = 2;
+/// Bits 0-1 of `key_hi`: the recency counter.
+const RECENCY: u64 = 0b11;
 /// Recency after a lookup hit (the counter's maximum).
 const RECENCY_MAX: u64 = 3;
 /// Recency after an insert or a new holder, at least.
 const RECENCY_STORED: u64 = 1;
+/// Bit 2 of `key_hi`: the writer is rewriting the slot.
+const WRITING: u64 = 0b100;
+/// Bits 3-15 of `key_hi`: the slot's version.
+const VERSION_ONE: u64 = 0b1000;
+const VERSION: u64 = 0xFFF8;
+/// Bits 16-63 of `key_hi`: key.
+const KEY_HI: u64 = !0xFFFF;
 
-/// A block hash split into the two words a slot stores.
+/// The 112 bits of a block hash the table keys on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Key {
     pub lo: u64,
+    /// Low 16 bits clear.
     pub hi: u64,
 }
 
@@ -53,14 +68,21 @@ impl Key {
     pub fn of(hash: &BlockHash) -> Key {
         let mut hi = [0u8; 8];
         hi.copy_from_slice(&hash.0[8..]);
-        Key { lo: hash.low_u64(), hi: u64::from_le_bytes(hi) }
+        Key { lo: hash.low_u64(), hi: u64::from_le_bytes(hi) & KEY_HI }
     }
+}
+
+/// Outcome of reading one slot.
+enum SlotRead {
+    Empty,
+    Other,
+    Match,
+    /// The writer kept the slot busy.
+    Busy,
 }
 
 pub(crate) struct Table {
     words: Box<[AtomicU64]>,
-    /// 2-bit recency counters, 32 slots per word.
-    recency: Box<[AtomicU64]>,
     regions: Box<[AtomicU64]>,
     slots: usize,
     set_words: usize,
@@ -74,7 +96,6 @@ impl Table {
         let stride = KEY_WORDS + 3 * set_words;
         Table {
             words: (0..slots * stride).map(|_| AtomicU64::new(0)).collect(),
-            recency: (0..slots.div_ceil(32)).map(|_| AtomicU64::new(0)).collect(),
             regions: (0..slots.div_ceil(REGION_SLOTS)).map(|_| AtomicU64::new(0)).collect(),
             slots,
             set_words,
@@ -96,7 +117,7 @@ impl Table {
     }
 
     pub fn memory_bytes(&self) -> usize {
-        (self.words.len() + self.recency.len() + self.regions.len()) * std::mem::size_of::<AtomicU64>()
+        (self.words.len() + self.regions.len()) * std::mem::size_of::<AtomicU64>()
     }
 
     pub fn slot_bytes(&self) -> usize {
@@ -116,6 +137,10 @@ impl Table {
         &self.words[index]
     }
 
+    fn tag(&self, slot: usize) -> &AtomicU64 {
+        self.word(slot * self.stride + 1)
+    }
+
     fn holder(&self, slot: usize, set: usize, word: usize) -> &AtomicU64 {
         self.word(slot * self.stride + KEY_WORDS + set * self.set_words + word)
     }
@@ -124,12 +149,7 @@ impl Table {
     /// follows finds it in cache: callers touch a run of blocks before
     /// probing any, letting the memory system overlap the misses.
     pub fn warm(&self, key: Key) -> u64 {
-        self.warm_slot(self.home(key))
-    }
-
-    /// Loads the first word of `slot` (see [`Table::warm`]).
-    pub fn warm_slot(&self, slot: usize) -> u64 {
-        self.word(slot * self.stride).load(Ordering::Relaxed)
+        self.word(self.home(key) * self.stride).load(Ordering::Relaxed)
     }
 
     // ----- readers -------------------------------------------------------
@@ -138,13 +158,30 @@ impl Table {
     /// entry recently used when `touch`. Returns false when the key is absent
     /// (then `out` is unspecified).
     pub fn find(&self, key: Key, out: &mut [u64], touch: bool) -> bool {
-        let holders = self.holder_words();
+        let mut slot = self.home(key);
+        for _ in 0..self.slots {
+            match self.read_slot(slot, key, out) {
+                SlotRead::Match => {
+                    if touch {
+                        self.touch(slot);
+                    }
+                    return true;
+                }
+                SlotRead::Empty => break,
+                SlotRead::Other | SlotRead::Busy => slot = self.next(slot),
+            }
+        }
+        self.confirm_miss(key, out, touch)
+    }
+
+    /// Probes again with the relocation counters of the regions crossed, so
+    /// that an entry a concurrent shift moved past the first probe is found.
+    fn confirm_miss(&self, key: Key, out: &mut [u64], touch: bool) -> bool {
         for attempt in 0..FIND_ATTEMPTS {
             let mut seen = [(usize::MAX, 0u64); MAX_PROBE_REGIONS];
             let mut seen_len = 0;
-            let mut verifiable = true;
+            let mut confirmable = true;
             let mut slot = self.home(key);
-            let mut found = None;
             for _ in 0..self.slots {
                 let region = slot / REGION_SLOTS;
                 if seen_len == 0 || seen[seen_len - 1].0 != region {
@@ -152,40 +189,32 @@ impl Table {
                         seen[seen_len] = (region, self.regions[region].load(Ordering::Acquire));
                         seen_len += 1;
                     } else {
-                        verifiable = false;
+                        confirmable = false;
                     }
                 }
-                let base = slot * self.stride;
-                let matched = self.word(base).load(Ordering::Relaxed) == key.lo
-                    && self.word(base + 1).load(Ordering::Relaxed) == key.hi;
-                let mut held = 0;
-                for (i, value) in out.iter_mut().enumerate().take(holders) {
-                    *value = self.word(base + KEY_WORDS + i).load(Ordering::Relaxed);
-                    held |= *value;
+                match self.read_slot(slot, key, out) {
+                    SlotRead::Match => {
+                        if touch {
+                            self.touch(slot);
+                        }
+                        return true;
+                    }
+                    SlotRead::Empty => break,
+                    SlotRead::Other => slot = self.next(slot),
+                    SlotRead::Busy => {
+                        confirmable = false;
+                        slot = self.next(slot);
+                    }
                 }
-                if held == 0 {
-                    break;
-                }
-                if matched {
-                    found = Some(slot);
-                    break;
-                }
-                slot = self.next(slot);
             }
             fence(Ordering::Acquire);
             let stable = seen[..seen_len]
                 .iter()
                 .all(|&(region, before)| before & 1 == 0 && self.regions[region].load(Ordering::Relaxed) == before);
-            if stable && verifiable {
-                if let Some(slot) = found
-                    && touch
-                {
-                    self.touch(slot);
-                }
-                return found.is_some();
+            if stable && confirmable {
+                return false;
             }
-            // A short, bounded backoff: the writer's critical sections are a
-            // few slot writes long.
+            // A short, bounded backoff: a shift moves a handful of slots.
             for _ in 0..=attempt {
                 spin_loop();
             }
@@ -193,16 +222,42 @@ impl Table {
         false
     }
 
-    fn touch(&self, slot: usize) {
-        let (cell, shift) = self.recency_cell(slot);
-        // Test first: a hot entry's line stays shared instead of bouncing.
-        if (cell.load(Ordering::Relaxed) >> shift) & RECENCY_MAX != RECENCY_MAX {
-            cell.fetch_or(RECENCY_MAX << shift, Ordering::Relaxed);
+    fn read_slot(&self, slot: usize, key: Key, out: &mut [u64]) -> SlotRead {
+        let base = slot * self.stride;
+        for _ in 0..SLOT_ATTEMPTS {
+            let before = self.tag(slot).load(Ordering::Acquire);
+            if before & WRITING != 0 {
+                spin_loop();
+                continue;
+            }
+            let lo = self.word(base).load(Ordering::Relaxed);
+            let mut held = 0;
+            for (i, value) in out.iter_mut().enumerate().take(self.holder_words()) {
+                *value = self.word(base + KEY_WORDS + i).load(Ordering::Relaxed);
+                held |= *value;
+            }
+            fence(Ordering::Acquire);
+            let after = self.tag(slot).load(Ordering::Relaxed);
+            if (before | RECENCY) != (after | RECENCY) {
+                continue;
+            }
+            return if held == 0 {
+                SlotRead::Empty
+            } else if lo == key.lo && before & KEY_HI == key.hi {
+                SlotRead::Match
+            } else {
+                SlotRead::Other
+            };
         }
+        SlotRead::Busy
     }
 
-    fn recency_cell(&self, slot: usize) -> (&AtomicU64, u32) {
-        (&self.recency[slot / 32], 2 * (slot % 32) as u32)
+    fn touch(&self, slot: usize) {
+        let tag = self.tag(slot);
+        // Test first: a hot entry's line stays shared instead of bouncing.
+        if tag.load(Ordering::Relaxed) & RECENCY != RECENCY_MAX {
+            tag.fetch_or(RECENCY_MAX, Ordering::Relaxed);
+        }
     }
 
     // ----- the writer (callers hold the index's writer lock) -------------
@@ -214,8 +269,10 @@ impl Table {
     }
 
     pub fn key_at(&self, slot: usize) -> Key {
-        let base = slot * self.stride;
-        Key { lo: self.word(base).load(Ordering::Relaxed), hi: self.word(base + 1).load(Ordering::Relaxed) }
+        Key {
+            lo: self.word(slot * self.stride).load(Ordering::Relaxed),
+            hi: self.tag(slot).load(Ordering::Relaxed) & KEY_HI,
+        }
     }
 
     /// The slot holding `key`, or the empty slot where it would be inserted.
@@ -233,24 +290,32 @@ impl Table {
         }
     }
 
+    /// Marks `slot` as being rewritten.
+    fn begin_write(&self, slot: usize) {
+        self.tag(slot).fetch_or(WRITING, Ordering::Relaxed);
+        fence(Ordering::Release);
+    }
+
+    /// Publishes a rewritten slot: its key bits, a new version, a recency.
+    fn end_write(&self, slot: usize, key_hi: u64, recency: u64) {
+        let tag = self.tag(slot);
+        let version = (tag.load(Ordering::Relaxed) & VERSION).wrapping_add(VERSION_ONE) & VERSION;
+        tag.store(key_hi | version | (recency & RECENCY), Ordering::Release);
+    }
+
     /// Writes a new entry into the empty `slot`: `key` with one replica bit in `set`.
     pub fn insert(&self, slot: usize, key: Key, set: usize, word: usize, mask: u64) {
-        let mut regions = Regions::default();
-        regions.enter(self, slot);
-        let base = slot * self.stride;
-        self.word(base).store(key.lo, Ordering::Relaxed);
-        self.word(base + 1).store(key.hi, Ordering::Relaxed);
+        self.begin_write(slot);
+        self.word(slot * self.stride).store(key.lo, Ordering::Relaxed);
         self.holder(slot, set, word).store(mask, Ordering::Relaxed);
-        regions.leave(self);
-        self.set_recency(slot, RECENCY_STORED);
+        self.end_write(slot, key.hi, RECENCY_STORED);
     }
 
     /// Adds replica bits `mask` to word `word` of holder set `set`
     /// (0 gpu, 1 host, 2 network) of a live entry.
     pub fn add_bits(&self, slot: usize, set: usize, word: usize, mask: u64) {
         self.holder(slot, set, word).fetch_or(mask, Ordering::Release);
-        let (cell, shift) = self.recency_cell(slot);
-        cell.fetch_or(RECENCY_STORED << shift, Ordering::Relaxed);
+        self.tag(slot).fetch_or(RECENCY_STORED, Ordering::Relaxed);
     }
 
     /// Removes replica bits `mask` from word `word` of every holder set
@@ -274,7 +339,7 @@ impl Table {
         }
         if held == 0 {
             // Clearing the last bits in place would make the slot look empty
-            // to readers before the shift: delete under the region counter.
+            // to readers before the shift: delete it properly instead.
             self.delete(slot);
             return true;
         }
@@ -305,18 +370,8 @@ impl Table {
         false
     }
 
-    /// Overwrites the recency counter of `slot` (writer only).
-    fn set_recency(&self, slot: usize, value: u64) {
-        let (cell, shift) = self.recency_cell(slot);
-        cell.fetch_and(!(RECENCY_MAX << shift), Ordering::Relaxed);
-        if value != 0 {
-            cell.fetch_or(value << shift, Ordering::Relaxed);
-        }
-    }
-
     fn recency_of(&self, slot: usize) -> u64 {
-        let (cell, shift) = self.recency_cell(slot);
-        (cell.load(Ordering::Relaxed) >> shift) & RECENCY_MAX
+        self.tag(slot).load(Ordering::Relaxed) & RECENCY
     }
 
     /// The entry to evict for room near `key`: sweeping the first `window`
@@ -336,10 +391,9 @@ impl Table {
                     if self.recency_of(slot) == 0 {
                         return Some(slot);
                     }
-                    let (cell, shift) = self.recency_cell(slot);
                     // A reader may raise the counter meanwhile: that wins.
-                    let _ = cell.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                        ((bits >> shift) & RECENCY_MAX != 0).then(|| bits - (1 << shift))
+                    let _ = self.tag(slot).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tag| {
+                        (tag & RECENCY != 0).then(|| tag - 1)
                     });
                     examined += 1;
                 }
@@ -371,24 +425,31 @@ impl Table {
             next = self.next(next);
         }
         regions.enter(self, hole);
+        self.begin_write(hole);
         let base = hole * self.stride;
-        for i in KEY_WORDS..self.stride {
-            self.word(base + i).store(0, Ordering::Relaxed);
+        for i in 0..self.stride {
+            if i != 1 {
+                self.word(base + i).store(0, Ordering::Relaxed);
+            }
         }
+        self.end_write(hole, 0, 0);
         regions.leave(self);
-        self.set_recency(hole, 0);
     }
 
     fn copy_slot(&self, from: usize, to: usize) {
         let (source, target) = (from * self.stride, to * self.stride);
+        let tag = self.tag(from).load(Ordering::Relaxed);
+        self.begin_write(to);
         for i in 0..self.stride {
-            self.word(target + i).store(self.word(source + i).load(Ordering::Relaxed), Ordering::Relaxed);
+            if i != 1 {
+                self.word(target + i).store(self.word(source + i).load(Ordering::Relaxed), Ordering::Relaxed);
+            }
         }
-        self.set_recency(to, self.recency_of(from));
+        self.end_write(to, tag & KEY_HI, tag & RECENCY);
     }
 }
 
-/// The counters a writer has made odd, as a cyclic run of regions.
+/// The relocation counters a shift has made odd, as a cyclic run of regions.
 #[derive(Default)]
 struct Regions {
     first: usize,
@@ -396,7 +457,7 @@ struct Regions {
 }
 
 impl Regions {
-    /// Makes the counter of `slot`'s region odd before the first write there.
+    /// Makes the counter of `slot`'s region odd before the first move there.
     fn enter(&mut self, table: &Table, slot: usize) {
         let region = slot / REGION_SLOTS;
         if self.count > 0 && (self.first + self.count - 1) % table.regions.len() == region {
@@ -410,7 +471,7 @@ impl Regions {
         fence(Ordering::Release);
     }
 
-    /// Makes every entered counter even again, publishing the writes.
+    /// Makes every entered counter even again, publishing the moves.
     fn leave(&mut self, table: &Table) {
         for i in 0..self.count {
             table.regions[(self.first + i) % table.regions.len()].fetch_add(1, Ordering::Release);
@@ -424,7 +485,7 @@ mod tests {
     use super::*;
 
     fn key(n: u64) -> Key {
-        Key { lo: n.wrapping_mul(0x9E37_79B9_7F4A_7C15), hi: n }
+        Key { lo: n.wrapping_mul(0x9E37_79B9_7F4A_7C15), hi: n << 16 }
     }
 
     #[test]
@@ -437,7 +498,7 @@ mod tests {
         }
         let mut out = [0u64; 3];
         for (i, &k) in keys.iter().enumerate() {
-            assert!(table.find(k, &mut out, false));
+            assert!(table.find(k, &mut out, true));
             assert_eq!(out[i % 3], 1 << (i % 64));
         }
         for &k in keys.iter().step_by(2) {
@@ -458,6 +519,23 @@ mod tests {
         assert!(!table.remove_bits(slot, [false, true, true], 0, 0b10), "not held there: nothing changes");
         assert!(table.remove_bits(slot, [true, true, true], 0, 0b10));
         assert!(table.locate(key(1)).is_err());
+    }
+
+    #[test]
+    fn versions_change_on_every_rewrite_and_keep_the_key() {
+        let table = Table::new(16, 1);
+        let slot = table.locate(key(7)).unwrap_err();
+        table.insert(slot, key(7), 1, 0, 1);
+        let first = table.tag(slot).load(Ordering::Relaxed);
+        table.touch(slot);
+        assert_eq!(table.recency_of(slot), RECENCY_MAX);
+        table.delete(slot);
+        let slot = table.locate(key(7)).unwrap_err();
+        table.insert(slot, key(7), 1, 0, 1);
+        let again = table.tag(slot).load(Ordering::Relaxed);
+        assert_eq!(first & KEY_HI, again & KEY_HI);
+        assert_ne!(first & VERSION, again & VERSION);
+        assert_eq!(table.key_at(slot), key(7));
     }
 
     #[test]

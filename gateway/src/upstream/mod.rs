@@ -56,7 +56,7 @@ pub struct PoolConfig {
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
-            heartbeat_timeout: Duration::from_millis(1_000),
+            heartbeat_timeout: Duration::from_millis(2_000),
             connect_timeout: Duration::from_millis(1_000),
             max_backoff: Duration::from_secs(2),
         }

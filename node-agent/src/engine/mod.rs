@@ -222,7 +222,9 @@ impl<E: Executor> Engine<E> {
     pub fn validate(&self, request: &AgentGenerateRequest) -> Result<(), GenerateError> {
         let vocab = self.executor.vocab_size();
         if let Some(bad) = request.prompt.iter().find(|&&id| id as usize >= vocab) {
-            return Err(GenerateError::InvalidArgument(format!("token id {bad} is outside the vocabulary (size {vocab})")));
+            return Err(GenerateError::InvalidArgument(format!(
+                "token id {bad} is outside the vocabulary (size {vocab})"
+            )));
         }
         if let Some(bad) = request.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(GenerateError::InvalidArgument(format!("stop token id {bad} is outside the vocabulary")));
@@ -313,7 +315,8 @@ impl<E: Executor> Engine<E> {
         let mut plan: Vec<(u64, usize)> = Vec::new();
 
         // 1. Decodes: one token each; preempt the newest when the pool is full.
-        let decode_ids: Vec<u64> = self.running.iter().filter(|s| s.computed + 1 == s.tokens.len()).map(|s| s.id).collect();
+        let decode_ids: Vec<u64> =
+            self.running.iter().filter(|s| s.computed + 1 == s.tokens.len()).map(|s| s.id).collect();
         for id in decode_ids {
             if budget == 0 {
                 break;
@@ -352,7 +355,8 @@ impl<E: Executor> Engine<E> {
         // 3. Admission, first come first served.
         while budget > 0 && self.running.len() < self.config.max_running {
             let Some(seq) = self.waiting.front() else { break };
-            let hasher = (seq.request.cache_mode == CacheMode::Shared).then(|| self.blocks.hasher(&seq.request.cache_scope));
+            let hasher =
+                (seq.request.cache_mode == CacheMode::Shared).then(|| self.blocks.hasher(&seq.request.cache_scope));
             let known = if seq.swapped.is_some() { seq.computed } else { seq.tokens.len() };
             let hashes = hasher.as_ref().map(|h| h.hashes(&seq.tokens[..known])).unwrap_or_default();
             let reserve = (self.config.watermark * self.blocks.num_blocks() as f64).ceil() as usize;
@@ -372,7 +376,8 @@ impl<E: Executor> Engine<E> {
             if let Some(saved) = seq.swapped.take() {
                 self.swap_in(&mut seq, saved, placement.cached_blocks);
             } else {
-                let (host, network) = self.reload_from_tiers(&mut seq, &placement.prompt_hashes, placement.cached_blocks);
+                let (host, network) =
+                    self.reload_from_tiers(&mut seq, &placement.prompt_hashes, placement.cached_blocks);
                 let reloaded = (placement.cached_blocks + host + network) * self.blocks.block_size();
                 seq.computed = placement.cached_tokens.max(reloaded.min(seq.tokens.len() - 1));
                 if seq.cached_tokens.is_none() {
@@ -430,7 +435,11 @@ impl<E: Executor> Engine<E> {
         let mut finished = Vec::new();
         for ((id, start, end, _), logits) in chunks.into_iter().zip(logits) {
             let Some(seq) = self.running.iter_mut().find(|s| s.id == id) else { continue };
-            if seq.generated() == 0 || end - start > 1 { prefill += end - start } else { decode += 1 }
+            if seq.generated() == 0 || end - start > 1 {
+                prefill += end - start
+            } else {
+                decode += 1
+            }
             seq.computed = end;
             self.blocks.register_computed(id, &seq.tokens[..end]);
             let Some(logits) = logits else { continue };
@@ -535,7 +544,12 @@ impl<E: Executor> Engine<E> {
     /// prefetched network blocks, copying hits into its pool blocks; returns
     /// the blocks reloaded from each. Stops at the first miss, and does not
     /// reload from a tier slower than recomputing.
-    fn reload_from_tiers(&mut self, seq: &mut Sequence, hashes: &[kvroute_proto::BlockHash], matched: usize) -> (usize, usize) {
+    fn reload_from_tiers(
+        &mut self,
+        seq: &mut Sequence,
+        hashes: &[kvroute_proto::BlockHash],
+        matched: usize,
+    ) -> (usize, usize) {
         if seq.request.cache_mode == CacheMode::Disabled {
             return (0, 0);
         }

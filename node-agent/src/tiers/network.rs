@@ -182,7 +182,8 @@ impl NetworkTier {
             for hash in window {
                 pipe.get(shared.key(hash));
             }
-            let reply = tokio::time::timeout(shared.config.timeout, connection.run::<Vec<Option<Vec<u8>>>>(&pipe)).await;
+            let reply =
+                tokio::time::timeout(shared.config.timeout, connection.run::<Vec<Option<Vec<u8>>>>(&pipe)).await;
             let values = match reply {
                 Ok(Ok(values)) => values,
                 Ok(Err(error)) => {
