@@ -5,6 +5,8 @@
 //!
 //! Run: `cargo bench -j2 -p kvroute-gateway --bench routing -- --warm-up-time 1 --measurement-time 3`
 
+#![allow(clippy::unwrap_used)]
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

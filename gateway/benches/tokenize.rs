@@ -3,6 +3,8 @@
 //!
 //! Run: `cargo bench -j2 -p kvroute-gateway --bench tokenize -- --warm-up-time 1 --measurement-time 3`
 
+#![allow(clippy::unwrap_used)]
+
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};

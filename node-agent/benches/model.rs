@@ -5,6 +5,7 @@
 //!
 //! The model uses all available cores unless `KVROUTE_BENCH_THREADS` says how many threads to use.
 
+#![allow(clippy::unwrap_used)]
 // A benchmark has no one to report an error to: setup failures abort it.
 #![allow(clippy::expect_used)]
 

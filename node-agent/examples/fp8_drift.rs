@@ -8,6 +8,8 @@
 //!
 //! cargo run --release -p kvroute-node-agent --example fp8_drift -- MODEL.gguf [tokens]
 
+#![allow(clippy::unwrap_used)]
+
 use kvroute_node_agent::model::sampling::argmax;
 use kvroute_node_agent::model::{KvStore, Model, SeqChunk};
 use kvroute_proto::domain::KvDtype;

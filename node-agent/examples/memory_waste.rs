@@ -6,6 +6,8 @@
 //!
 //! cargo run --release -p kvroute-node-agent --example memory_waste -- [max_context] [block_size]
 
+#![allow(clippy::unwrap_used)]
+
 use kvroute_node_agent::block_manager::{BlockManager, VecSink};
 
 /// A small deterministic generator (splitmix64).

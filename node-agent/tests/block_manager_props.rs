@@ -3,6 +3,8 @@
 //! of free / cached / in use, the hash map and the pool agree, and every
 //! eviction is reported to the sink.
 
+#![allow(clippy::unwrap_used)]
+
 use std::sync::{Arc, Mutex};
 
 use kvroute_node_agent::block_manager::BlockManager;

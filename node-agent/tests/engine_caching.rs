@@ -4,6 +4,8 @@
 //! preempted and recomputed, or swapped out and back, whatever else was in the
 //! batch and however prefill was chunked.
 
+#![allow(clippy::unwrap_used)]
+
 use std::sync::{Arc, Mutex};
 
 use kvroute_node_agent::block_manager::VecSink;
@@ -234,8 +236,7 @@ fn seeded_sampling_is_reproducible() {
         r.sampling = SamplingParams::new(1.0, 0.9, Some(seed)).unwrap();
         let out = submit(&mut engine, r);
         run_to_end(&mut engine);
-        let tokens = out.lock().unwrap().tokens.clone();
-        tokens
+        out.lock().unwrap().tokens.clone()
     };
     assert_eq!(sampled(42), sampled(42));
     assert_ne!(sampled(42), sampled(43));

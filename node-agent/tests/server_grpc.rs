@@ -2,6 +2,8 @@
 //! usage, the event stream (snapshot, then deltas with increasing seq, and
 //! heartbeats), INVALID_ARGUMENT and RESOURCE_EXHAUSTED, and /metrics.
 
+#![allow(clippy::unwrap_used)]
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;

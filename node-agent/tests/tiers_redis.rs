@@ -107,8 +107,7 @@ impl Agent {
         while self.engine.has_work() {
             self.engine.step();
         }
-        let r = received.lock().unwrap().clone();
-        r
+        received.lock().unwrap().clone()
     }
 
     /// Fills the pool (and host tier) with other prompts so earlier blocks leave.

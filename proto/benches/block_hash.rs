@@ -1,5 +1,7 @@
 //! Hashing throughput of the v1 block-hash chain (bytes of token ids per second).
 
+#![allow(clippy::unwrap_used)]
+
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kvroute_proto::BlockHasher;
 use std::hint::black_box;

@@ -1,6 +1,8 @@
 //! Checks the block-hash implementation against golden vectors computed by an
 //! independent implementation (`testdata/gen_block_hash_v1.py`).
 
+#![allow(clippy::unwrap_used)]
+
 use kvroute_proto::block_hash::block_hashes;
 use serde::Deserialize;
 

@@ -321,8 +321,7 @@ impl<E: Executor> Engine<E> {
             if budget == 0 {
                 break;
             }
-            loop {
-                let Some(seq) = self.running.iter().find(|s| s.id == id) else { break };
+            while let Some(seq) = self.running.iter().find(|s| s.id == id) {
                 let needed = seq.tokens.len();
                 if self.blocks.grow(id, needed).is_ok() {
                     plan.push((id, 1));
