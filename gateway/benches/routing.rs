@@ -2,6 +2,8 @@
 //! with 64 replicas and 1,000,000 indexed blocks, the whole routing decision
 //! from token ids, event ingestion into a full index, and memory per entry.
 //! Criterion reports means; p50/p99 come from a loop of single timed calls.
+//! "Hot" repeats one prompt (its entries stay in cache, like a popular system
+//! prompt); "cold" walks a different fully indexed chain each time.
 //!
 //! Run: `cargo bench -j2 -p kvroute-gateway --bench routing -- --warm-up-time 1 --measurement-time 3`
 
@@ -37,7 +39,7 @@ fn prompt_tokens(variant: u32) -> Vec<u32> {
 /// A full index: 8,000 chains of 125 blocks, each on the gpu of one to three
 /// replicas with a host-tier tail, plus the benchmark prompt's chain held by
 /// four replicas (gpu, host, network) so that a lookup walks all 125 blocks.
-fn full_index(prompt: &[BlockHash]) -> PrefixIndex {
+fn full_index(prompt: &[BlockHash]) -> (PrefixIndex, Vec<Vec<BlockHash>>) {
     let index =
         PrefixIndex::new(IndexConfig { max_entries: ENTRIES, max_replicas: REPLICAS, ..IndexConfig::default() })
             .unwrap_or_else(|error| panic!("index: {error}"));
@@ -45,8 +47,9 @@ fn full_index(prompt: &[BlockHash]) -> PrefixIndex {
     for replica in 0..REPLICAS as ReplicaId {
         let _ = index.set_network_tier_up(replica, true);
     }
-    let chains = (ENTRIES - PROMPT_BLOCKS) / PROMPT_BLOCKS;
-    for _ in 0..chains {
+    let count = (ENTRIES - PROMPT_BLOCKS) / PROMPT_BLOCKS;
+    let mut chains = Vec::with_capacity(count);
+    for _ in 0..count {
         let chain: Vec<BlockHash> = (0..PROMPT_BLOCKS).map(|_| random_hash(&mut rng)).collect();
         for _ in 0..=rng.below(3) {
             let replica = rng.below(REPLICAS) as ReplicaId;
@@ -59,12 +62,13 @@ fn full_index(prompt: &[BlockHash]) -> PrefixIndex {
                 ],
             );
         }
+        chains.push(chain);
     }
     let _ = index.apply(3, &KvEvent::Stored { tier: Tier::Gpu, hashes: prompt.to_vec() });
     let _ = index.apply(17, &KvEvent::Stored { tier: Tier::Gpu, hashes: prompt[..50].to_vec() });
     let _ = index.apply(17, &KvEvent::Stored { tier: Tier::Host, hashes: prompt[50..].to_vec() });
     let _ = index.apply(40, &KvEvent::Stored { tier: Tier::Network, hashes: prompt.to_vec() });
-    index
+    (index, chains)
 }
 
 fn views() -> Vec<ReplicaView> {
@@ -117,7 +121,7 @@ fn routing(c: &mut Criterion) {
     let tokens = prompt_tokens(0);
     let prompt = hasher.hashes(&tokens);
     let started = Instant::now();
-    let index = full_index(&prompt);
+    let (index, chains) = full_index(&prompt);
     let stats = index.stats();
     println!(
         "index: {} entries, {} slots of {} bytes, {:.1} MB; {:.1} bytes per entry at the cap; filled in {:.2} s",
@@ -136,9 +140,16 @@ fn routing(c: &mut Criterion) {
     c.bench_function("index_lookup_125_blocks_64_replicas_1m_entries", |b| {
         b.iter(|| black_box(index.lookup(black_box(&prompt), 0)))
     });
-    percentiles("index lookup (125 blocks, 64 replicas, 1M entries)", 200_000, || {
+    percentiles("index lookup, hot (125 blocks, 64 replicas, 1M entries)", 200_000, || {
         black_box(index.lookup(black_box(&prompt), 0));
     });
+    let mut next = 0;
+    let mut cold = || {
+        next = (next + 7_919) % chains.len();
+        black_box(index.lookup(black_box(&chains[next]), 0));
+    };
+    c.bench_function("index_lookup_cold_125_blocks_64_replicas_1m_entries", |b| b.iter(&mut cold));
+    percentiles("index lookup, cold (125 blocks, 64 replicas, 1M entries)", 200_000, cold);
 
     let replicas = views();
     let config = ScoringConfig::default();

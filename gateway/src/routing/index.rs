@@ -330,7 +330,7 @@ impl PrefixIndex {
             KvEvent::Removed { tier, hashes } => {
                 for (position, hash) in hashes.iter().enumerate() {
                     self.warm_ahead(hashes, position);
-                    let Ok(slot) = self.table.locate(Key::of(hash)) else { continue };
+                    let Some(slot) = self.table.locate(Key::of(hash)) else { continue };
                     let deleted = match tier {
                         Tier::Network => self.table.remove_set(slot, NETWORK),
                         _ => self.table.remove_bits(slot, only(set_of(*tier)), word, mask),
@@ -355,9 +355,9 @@ impl PrefixIndex {
 
     fn store_locked(&self, key: Key, set: usize, word: usize, mask: u64) {
         match self.table.locate(key) {
-            Ok(slot) => self.table.add_bits(slot, set, word, mask),
-            Err(slot) => {
-                self.table.insert(slot, key, set, word, mask);
+            Some(slot) => self.table.add_bits(slot, set, word, mask),
+            None => {
+                self.table.insert(key, set, word, mask);
                 let entries = self.entries.fetch_add(1, Ordering::Relaxed) + 1;
                 if entries > self.config.max_entries {
                     self.evict_near_locked(key);

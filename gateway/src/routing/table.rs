@@ -10,15 +10,17 @@
 //! (for eviction), bit 2 is set while the writer rewrites the slot, bits 3-15
 //! are the slot's version. Keys are thus 112 of the hash's 128 bits. A slot is
 //! empty when all its replica sets are empty: the writer deletes an entry as
-//! its last holder goes. Keys are placed by linear probing from `home(key)`;
-//! deletion shifts later entries of the run backwards (no tombstones).
+//! its last holder goes. Keys are placed by linear probing from `home(key)`
+//! with Robin Hood ordering; deletion shifts later entries of the run
+//! backwards (no tombstones).
 //!
 //! # Reads never wait
 //! `key_hi` is a sequence lock for its slot: a reader reads it, the rest of
 //! the slot, and it again, and retries the slot when it was being written or
 //! changed. Replica bits of a live entry change in place with single atomic
 //! RMWs and no version change: each word a reader sees is a value the entry
-//! really had. A backward shift may move an entry past a probing reader, so a
+//! really had. Insertion moves entries forward, last first, which a forward
+//! probe cannot miss. A backward shift may move an entry past a probing reader, so a
 //! probe that ends without finding its key is repeated with the sequence
 //! counters of every region of [`REGION_SLOTS`] slots it crosses, which a
 //! shift makes odd while it moves entries there. Readers never wait for the
@@ -275,19 +277,17 @@ impl Table {
         }
     }
 
-    /// The slot holding `key`, or the empty slot where it would be inserted.
-    pub fn locate(&self, key: Key) -> Result<usize, usize> {
+    /// The slot holding `key`, if any.
+    pub fn locate(&self, key: Key) -> Option<usize> {
         let mut slot = self.home(key);
-        loop {
-            if !self.is_occupied(slot) {
-                return Err(slot);
-            }
+        // The index keeps the load factor below 1, so an empty slot exists.
+        while self.is_occupied(slot) {
             if self.key_at(slot) == key {
-                return Ok(slot);
+                return Some(slot);
             }
-            // The index keeps the load factor below 1, so an empty slot exists.
             slot = self.next(slot);
         }
+        None
     }
 
     /// Marks `slot` as being rewritten.
@@ -303,12 +303,48 @@ impl Table {
         tag.store(key_hi | version | (recency & RECENCY), Ordering::Release);
     }
 
-    /// Writes a new entry into the empty `slot`: `key` with one replica bit in `set`.
-    pub fn insert(&self, slot: usize, key: Key, set: usize, word: usize, mask: u64) {
+    /// Inserts `key`, absent from the table, with one replica bit in `set`;
+    /// returns its slot. Robin Hood placement: the key goes before the first
+    /// entry of its run that sits closer to its own home than the key would,
+    /// and the entries from there to the next empty slot move one slot on
+    /// (last first, so a probing reader finds each of them at its old slot or
+    /// its new one). Every entry thus ends up near the average probe length,
+    /// new ones included, instead of new entries trailing long runs.
+    pub fn insert(&self, key: Key, set: usize, word: usize, mask: u64) -> usize {
+        let home = self.home(key);
+        let mut slot = home;
+        let mut distance = 0;
+        while self.is_occupied(slot) {
+            if self.distance(self.key_at(slot), slot) < distance {
+                break;
+            }
+            slot = self.next(slot);
+            distance += 1;
+        }
+        let mut empty = slot;
+        while self.is_occupied(empty) {
+            empty = self.next(empty);
+        }
+        while empty != slot {
+            let previous = if empty == 0 { self.slots - 1 } else { empty - 1 };
+            self.copy_slot(previous, empty);
+            empty = previous;
+        }
         self.begin_write(slot);
-        self.word(slot * self.stride).store(key.lo, Ordering::Relaxed);
-        self.holder(slot, set, word).store(mask, Ordering::Relaxed);
+        let base = slot * self.stride;
+        self.word(base).store(key.lo, Ordering::Relaxed);
+        for i in 0..self.holder_words() {
+            let value = if i == set * self.set_words + word { mask } else { 0 };
+            self.word(base + KEY_WORDS + i).store(value, Ordering::Relaxed);
+        }
         self.end_write(slot, key.hi, RECENCY_STORED);
+        slot
+    }
+
+    /// How far `slot` is from `key`'s home.
+    fn distance(&self, key: Key, slot: usize) -> usize {
+        let home = self.home(key);
+        if slot >= home { slot - home } else { slot + self.slots - home }
     }
 
     /// Adds replica bits `mask` to word `word` of holder set `set`
@@ -493,8 +529,9 @@ mod tests {
         let table = Table::new(64, 1);
         let keys: Vec<Key> = (0..48).map(key).collect();
         for (i, &k) in keys.iter().enumerate() {
-            let slot = table.locate(k).unwrap_err();
-            table.insert(slot, k, i % 3, 0, 1 << (i % 64));
+            assert_eq!(table.locate(k), None);
+            let slot = table.insert(k, i % 3, 0, 1 << (i % 64));
+            assert_eq!(table.locate(k), Some(slot));
         }
         let mut out = [0u64; 3];
         for (i, &k) in keys.iter().enumerate() {
@@ -502,8 +539,7 @@ mod tests {
             assert_eq!(out[i % 3], 1 << (i % 64));
         }
         for &k in keys.iter().step_by(2) {
-            let slot = table.locate(k).unwrap();
-            table.delete(slot);
+            table.delete(table.locate(k).unwrap());
         }
         for (i, &k) in keys.iter().enumerate() {
             assert_eq!(table.find(k, &mut out, false), i % 2 == 1, "key {i}");
@@ -513,25 +549,22 @@ mod tests {
     #[test]
     fn removing_the_last_holder_deletes_the_entry() {
         let table = Table::new(16, 1);
-        let slot = table.locate(key(1)).unwrap_err();
-        table.insert(slot, key(1), 0, 0, 0b11);
+        let slot = table.insert(key(1), 0, 0, 0b11);
         assert!(!table.remove_bits(slot, [true, false, false], 0, 0b01));
         assert!(!table.remove_bits(slot, [false, true, true], 0, 0b10), "not held there: nothing changes");
         assert!(table.remove_bits(slot, [true, true, true], 0, 0b10));
-        assert!(table.locate(key(1)).is_err());
+        assert_eq!(table.locate(key(1)), None);
     }
 
     #[test]
     fn versions_change_on_every_rewrite_and_keep_the_key() {
         let table = Table::new(16, 1);
-        let slot = table.locate(key(7)).unwrap_err();
-        table.insert(slot, key(7), 1, 0, 1);
+        let slot = table.insert(key(7), 1, 0, 1);
         let first = table.tag(slot).load(Ordering::Relaxed);
         table.touch(slot);
         assert_eq!(table.recency_of(slot), RECENCY_MAX);
         table.delete(slot);
-        let slot = table.locate(key(7)).unwrap_err();
-        table.insert(slot, key(7), 1, 0, 1);
+        let slot = table.insert(key(7), 1, 0, 1);
         let again = table.tag(slot).load(Ordering::Relaxed);
         assert_eq!(first & KEY_HI, again & KEY_HI);
         assert_ne!(first & VERSION, again & VERSION);
