@@ -55,9 +55,9 @@ pub struct OutOfBlocks {
     pub available: usize,
 }
 
-/// A block evicted from the pool: its id still holds the data until the next write.
+/// A pool block and the hash it holds (after an eviction, the id still holds the data until its next write).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EvictedBlock {
+pub struct PoolBlock {
     pub block: BlockId,
     pub hash: BlockHash,
 }
@@ -68,6 +68,8 @@ struct BlockMeta {
     hash: Option<BlockHash>,
     /// Release stamp while cached (the eviction order key).
     stamp: u64,
+    /// Times a new sequence reused this block from the prefix cache since it was filled.
+    hits: u32,
 }
 
 /// What the pool knows about one sequence.
@@ -92,6 +94,8 @@ pub struct Placement {
     pub cached_tokens: usize,
     /// Hashes of the prompt's full blocks, in chain order.
     pub prompt_hashes: Vec<BlockHash>,
+    /// Reused blocks that became hot with this placement (reached the write-through threshold).
+    pub hot: Vec<PoolBlock>,
 }
 
 /// The pool's bookkeeping.
@@ -105,7 +109,9 @@ pub struct BlockManager {
     by_hash: HashMap<BlockHash, BlockId>,
     seqs: HashMap<u64, SeqState>,
     next_stamp: u64,
-    evicted: Vec<EvictedBlock>,
+    evicted: Vec<PoolBlock>,
+    /// Reuses after which a block is reported hot (0: never).
+    hot_after: u32,
     sink: Box<dyn EventSink>,
 }
 
@@ -134,8 +140,15 @@ impl BlockManager {
             seqs: HashMap::new(),
             next_stamp: 0,
             evicted: Vec::new(),
+            hot_after: 0,
             sink,
         }
+    }
+
+    /// Reports a cached block as hot (in [`Placement::hot`]) when new sequences have reused it `hits` times
+    /// since it was filled; 0 turns this off.
+    pub fn set_hot_after(&mut self, hits: u32) {
+        self.hot_after = hits;
     }
 
     pub fn block_size(&self) -> usize {
@@ -208,9 +221,15 @@ impl BlockManager {
             return Err(OutOfBlocks { needed, available });
         }
         let mut table = Vec::with_capacity(total);
+        let mut hot = Vec::new();
         for hash in &prompt_hashes[..matched] {
             let block = self.by_hash[hash];
             self.acquire(block);
+            let meta = &mut self.blocks[block as usize];
+            meta.hits = meta.hits.saturating_add(1);
+            if meta.hits == self.hot_after {
+                hot.push(PoolBlock { block, hash: *hash });
+            }
             table.push(block);
         }
         for _ in matched..total {
@@ -223,7 +242,7 @@ impl BlockManager {
         };
         self.seqs.insert(seq, SeqState { blocks: table, hasher, chain, registered: matched });
         let cached_tokens = (matched * self.block_size).min(prompt.len().saturating_sub(1));
-        Ok(Placement { cached_blocks: matched, cached_tokens, prompt_hashes })
+        Ok(Placement { cached_blocks: matched, cached_tokens, prompt_hashes, hot })
     }
 
     /// Makes room for the sequence to hold `tokens` tokens (decode growth).
@@ -298,7 +317,7 @@ impl BlockManager {
     }
 
     /// Blocks evicted since the last call, oldest first.
-    pub fn take_evicted(&mut self) -> Vec<EvictedBlock> {
+    pub fn take_evicted(&mut self) -> Vec<PoolBlock> {
         std::mem::take(&mut self.evicted)
     }
 
@@ -335,13 +354,14 @@ impl BlockManager {
                 debug_assert_eq!(stamp, self.blocks[block as usize].stamp);
                 if let Some(hash) = self.blocks[block as usize].hash.take() {
                     self.by_hash.remove(&hash);
-                    self.evicted.push(EvictedBlock { block, hash });
+                    self.evicted.push(PoolBlock { block, hash });
                     self.sink.emit(KvEvent::Removed { tier: Tier::Gpu, hashes: vec![hash] });
                 }
                 block
             }
         };
         self.blocks[block as usize].ref_count = 1;
+        self.blocks[block as usize].hits = 0;
         Ok(block)
     }
 
@@ -492,6 +512,28 @@ mod tests {
             .collect();
         assert_eq!(removed, evicted);
         assert_eq!(bm.probe(&hasher.hashes(&b)).0, 2);
+        bm.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn blocks_become_hot_once_after_enough_reuses() {
+        let (mut bm, _) = manager(8);
+        bm.set_hot_after(2);
+        let hasher = bm.hasher(b"");
+        let tokens = prompt(1, 9); // two full blocks and a partial one
+        let hashes = hasher.hashes(&tokens);
+        let mut hot_per_placement = Vec::new();
+        for seq in 1..=4 {
+            let placement = bm.place(seq, &tokens, Some(hasher.clone())).unwrap();
+            bm.register_computed(seq, &tokens);
+            bm.release(seq);
+            hot_per_placement.push(placement.hot.iter().map(|b| b.hash).collect::<Vec<_>>());
+        }
+        // Placed cold, reused once, reused twice (hot), reused again (already reported).
+        assert_eq!(hot_per_placement, vec![vec![], vec![], hashes.clone(), vec![]]);
+        let (mut off, _) = manager(8);
+        let placement = off.place(1, &tokens, Some(hasher.clone())).unwrap();
+        assert!(placement.hot.is_empty(), "off by default");
         bm.check_invariants().unwrap();
     }
 

@@ -82,6 +82,10 @@ pub struct ServeArgs {
     /// Expiry of blocks in Redis, in seconds; none when absent.
     #[arg(long)]
     pub redis_ttl: Option<u64>,
+    /// Write a pool block to Redis as soon as new requests have reused it this many times, so a hot prefix
+    /// reaches the other replicas before it is evicted; 0 writes blocks only when host RAM evicts them.
+    #[arg(long, default_value_t = 2)]
+    pub redis_write_through_hits: u32,
     /// Blocks queued for writing to Redis before spills are dropped.
     #[arg(long, default_value_t = 1024)]
     pub redis_queue: usize,

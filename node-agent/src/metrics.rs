@@ -91,6 +91,7 @@ pub const TIER_DROPPED: &str = "kvroute_agent_tier_dropped_total";
 pub const TIER_CORRUPT: &str = "kvroute_agent_tier_corrupt_total";
 pub const TIER_UP: &str = "kvroute_agent_tier_up";
 pub const TIER_BLOCKS: &str = "kvroute_agent_tier_blocks";
+pub const WRITE_THROUGH_BLOCKS: &str = "kvroute_agent_write_through_blocks_total";
 pub const REDIS_ERRORS: &str = "kvroute_agent_redis_errors_total";
 
 pub fn describe_tiers() {
@@ -105,6 +106,7 @@ pub fn describe_tiers() {
     describe_counter!(TIER_CORRUPT, "Records that failed verification, were deleted and recomputed.");
     describe_gauge!(TIER_UP, "1 when the tier is reachable.");
     describe_gauge!(TIER_BLOCKS, "Blocks held by a tier (host).");
+    describe_counter!(WRITE_THROUGH_BLOCKS, "Hot pool blocks sent to the network tier before any eviction.");
     describe_counter!(REDIS_ERRORS, "Redis operations that failed or timed out.");
 }
 
@@ -134,6 +136,10 @@ pub fn record_tier_reload(tier: Tier, blocks: usize, bytes: usize, seconds: f64)
 pub fn record_tier_write(tier: Tier, blocks: usize, bytes: usize, _seconds: f64) {
     counter!(TIER_BYTES, "tier" => tier.as_str(), "direction" => "write").increment(bytes as u64);
     record_tier_stored(tier, blocks);
+}
+
+pub fn record_write_through(blocks: usize) {
+    counter!(WRITE_THROUGH_BLOCKS).increment(blocks as u64);
 }
 
 pub fn record_tier_queue(tier: Tier, depth: usize) {

@@ -109,7 +109,13 @@ async fn generate_info_events_and_metrics() {
     let heartbeat = tokio::time::timeout(Duration::from_secs(2), events.message()).await.unwrap().unwrap().unwrap();
     assert_eq!(heartbeat.load.unwrap().kv_blocks_total, 64);
 
-    let body = http_get(agent.metrics, "/metrics");
+    // Metrics are published at heartbeats: wait for one after the second request's prefix hit.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut body = http_get(agent.metrics, "/metrics");
+    while !body.contains("kvroute_agent_prefix_hit_tokens_total 16") && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        body = http_get(agent.metrics, "/metrics");
+    }
     for name in [
         "kvroute_agent_kv_blocks_total",
         "kvroute_agent_kv_blocks_used",

@@ -19,7 +19,7 @@ use kvroute_node_agent::tiers::network::{NetworkConfig, NetworkTier};
 use kvroute_proto::block_record::ModelFingerprint;
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, KvDtype, KvEvent, SamplingParams, Tier};
 use kvroute_proto::{BlockHash, BlockHasher};
-use kvroute_test_support::{RedisServer, free_port};
+use kvroute_test_support::{RedisCluster, RedisServer, free_port};
 
 const BLOCK: usize = 4;
 
@@ -41,23 +41,32 @@ fn fingerprint(model: &Model) -> ModelFingerprint {
 }
 
 /// An engine whose pool holds `blocks` blocks, with a host tier of
-/// `host_blocks` blocks and an optional Redis tier.
+/// `host_blocks` blocks and an optional standalone Redis tier.
 fn agent(blocks: usize, host_blocks: usize, redis: Option<String>) -> Agent {
+    let network = redis.map(|url| NetworkConfig { url: Some(url), ..network_config() });
+    agent_with(blocks, host_blocks, network, 0)
+}
+
+fn network_config() -> NetworkConfig {
+    NetworkConfig { timeout: Duration::from_millis(300), ..NetworkConfig::default() }
+}
+
+/// [`agent`] with any network tier and write-through after `write_through` reuses (0: off).
+fn agent_with(blocks: usize, host_blocks: usize, network: Option<NetworkConfig>, write_through: u32) -> Agent {
     let model = Model::load("tiny-random").unwrap();
     let geometry = model.config().kv_geometry(KvDtype::Bf16);
     let kv = KvStore::new(geometry, blocks, BLOCK);
     let per_block = kv.bytes_per_block() as u64;
     let events = SharedSink::default();
-    let network = redis.map(|url| {
+    let network = network.map(|config| {
         let sink = events.clone();
-        let config = NetworkConfig { url: Some(url), timeout: Duration::from_millis(300), ..NetworkConfig::default() };
         NetworkTier::start(config, fingerprint(&model), BLOCK as u32, per_block, Arc::new(move |e| sink.push(e)))
     });
     let host = (host_blocks > 0).then(|| HostTier::new(host_blocks as u64 * per_block));
     let spill = network.clone().map(|n| Box::new(move |h, b| n.spill(h, b)) as SpillFn);
     let config = EngineConfig { capture_logits: true, ..EngineConfig::default() };
     let engine = Engine::new(config, ModelExecutor::new(model, kv), Vec::new(), Box::new(events.clone()))
-        .with_tiering(Tiering::new(host, spill));
+        .with_tiering(Tiering::new(host, spill).with_write_through(write_through));
     Agent { engine, network, events }
 }
 
@@ -267,4 +276,103 @@ async fn redis_down_at_start_then_back_never_fails_a_request() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(network.is_up(), "and up again once it is back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_through_shares_hot_blocks_before_any_eviction() {
+    let redis = RedisServer::start();
+    let target = prompt(5, 22);
+    let hashes = BlockHasher::new(4, "tiny-random", b"").hashes(&target);
+    let cold = agent(64, 0, None).run(&target, b"").await;
+    let network = Some(NetworkConfig { url: Some(redis.url()), ..network_config() });
+    // A large pool: nothing is ever evicted. The prompt is computed once, then reused twice.
+    let mut a = agent_with(64, 64, network.clone(), 2);
+    for _ in 0..3 {
+        assert_same(&cold, &a.run(&target, b"").await);
+    }
+    wait_for_writes(a.network.as_ref().unwrap()).await;
+    assert_eq!(a.engine.blocks().probe(&hashes).0, 5, "the prompt's blocks are still in the pool");
+    let mut written = a.stored(Tier::Network);
+    written.sort();
+    let mut expected = hashes.clone();
+    expected.sort();
+    assert_eq!(written, expected, "each of the five hot blocks was written once");
+    // Another replica serves the hot prefix from Redis.
+    let mut b = agent_with(64, 0, network.clone(), 2);
+    let on_b = b.run(&target, b"").await;
+    assert_eq!(on_b.cached_tokens, 20);
+    assert_same(&cold, &on_b);
+
+    // Off: reuse alone writes nothing.
+    let mut c = agent_with(64, 64, network, 0);
+    for _ in 0..3 {
+        c.run(&prompt(6, 22), b"").await;
+    }
+    wait_for_writes(c.network.as_ref().unwrap()).await;
+    assert!(c.stored(Tier::Network).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_or_failing_redis_never_fails_a_request() {
+    let redis = RedisServer::start();
+    let target = prompt(7, 22);
+    let cold = agent(64, 0, None).run(&target, b"").await;
+    let mut a = agent(12, 0, Some(redis.url()));
+    a.run(&target, b"").await;
+    a.churn(4).await;
+    let network = a.network.clone().unwrap();
+    wait_for_writes(&network).await;
+
+    // Frozen: reads time out, the request is recomputed, and it completes while Redis is still frozen.
+    redis.pause();
+    let frozen = tokio::time::timeout(Duration::from_secs(10), a.run(&target, b"")).await;
+    redis.resume();
+    let frozen = frozen.expect("a request completes while Redis is frozen");
+    assert_eq!(frozen.cached_tokens, 0);
+    assert_same(&cold, &frozen);
+
+    // Refusing writes (out of memory, no eviction): spills fail, requests do not.
+    for _ in 0..100 {
+        if network.is_up() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(network.is_up(), "the tier came back after the freeze");
+    redis.command(&[b"CONFIG", b"SET", b"maxmemory-policy", b"noeviction"]).unwrap();
+    redis.command(&[b"CONFIG", b"SET", b"maxmemory", b"1"]).unwrap();
+    for seed in 0..3 {
+        let other = prompt(100 + seed, 22);
+        a.run(&other, b"").await;
+        a.churn(4).await;
+        assert_same(&cold, &a.run(&target, b"").await);
+    }
+    redis.command(&[b"CONFIG", b"SET", b"maxmemory", b"0"]).unwrap();
+    for _ in 0..100 {
+        if network.is_up() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(network.is_up(), "the tier recovers once Redis accepts writes again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_tier_shares_blocks_across_agents() {
+    let cluster = RedisCluster::start(3);
+    let target = prompt(8, 22);
+    let cold = agent(64, 0, None).run(&target, b"").await;
+    let config = NetworkConfig { cluster_nodes: cluster.node_urls(), ..network_config() };
+    let mut a = agent_with(12, 0, Some(config.clone()), 0);
+    a.run(&target, b"").await;
+    a.churn(4).await;
+    wait_for_writes(a.network.as_ref().unwrap()).await;
+    assert!(!a.stored(Tier::Network).is_empty());
+    let holding =
+        cluster.nodes.iter().filter(|node| node.command(&[b"DBSIZE"]).is_ok_and(|reply| reply != b":0\r\n")).count();
+    assert!(holding >= 2, "blocks are spread over the cluster's nodes ({holding} hold keys)");
+    let mut b = agent_with(64, 0, Some(config), 0);
+    let on_b = b.run(&target, b"").await;
+    assert_eq!(on_b.cached_tokens, 20);
+    assert_same(&cold, &on_b);
 }

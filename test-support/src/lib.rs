@@ -229,6 +229,46 @@ impl RedisServer {
     }
 }
 
+/// A Redis Cluster of `masters` real redis-server processes on free loopback ports, each owning an equal
+/// share of the 16,384 hash slots, ready (`cluster_state:ok` on every node) when returned.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(masters: usize) -> RedisCluster {
+        let masters = masters.max(1);
+        let nodes: Vec<RedisServer> = (0..masters)
+            .map(|_| RedisServer::start_with(&["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]))
+            .collect();
+        for (index, node) in nodes.iter().enumerate() {
+            let first = (16_384 * index / masters).to_string();
+            let last = (16_384 * (index + 1) / masters - 1).to_string();
+            let reply = node.command(&[b"CLUSTER", b"ADDSLOTSRANGE", first.as_bytes(), last.as_bytes()]);
+            assert!(matches!(&reply, Ok(r) if r.starts_with(b"+OK")), "CLUSTER ADDSLOTSRANGE: {reply:?}");
+        }
+        for other in &nodes[1..] {
+            let port = other.port().to_string();
+            let reply = nodes[0].command(&[b"CLUSTER", b"MEET", b"127.0.0.1", port.as_bytes()]);
+            assert!(matches!(&reply, Ok(r) if r.starts_with(b"+OK")), "CLUSTER MEET: {reply:?}");
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !nodes.iter().all(|node| {
+            node.command(&[b"CLUSTER", b"INFO"])
+                .is_ok_and(|info| String::from_utf8_lossy(&info).contains("cluster_state:ok"))
+        }) {
+            assert!(Instant::now() < deadline, "the Redis Cluster did not reach cluster_state:ok");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        RedisCluster { nodes }
+    }
+
+    /// `redis://127.0.0.1:PORT` of every node.
+    pub fn node_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|node| format!("redis://127.0.0.1:{}", node.port())).collect()
+    }
+}
+
 fn spawn_redis(binary: &Path, dir: &Path, port: u16, extra_args: &[String]) -> ChildProcess {
     let mut command = Command::new(binary);
     command

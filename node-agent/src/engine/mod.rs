@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, FinishReason, KvEvent, Tier};
 
-use crate::block_manager::{BlockId, BlockManager, EventSink};
+use crate::block_manager::{BlockId, BlockManager, EventSink, PoolBlock};
 use crate::model::sampling::Sampler;
 pub use executor::{ChunkSpec, Executor};
 pub use request::{GenerateError, Output, OutputSink, Usage};
@@ -166,6 +166,7 @@ impl<E: Executor> Engine<E> {
 
     /// Adds the host and network tiers below the pool.
     pub fn with_tiering(mut self, tiering: Tiering) -> Engine<E> {
+        self.blocks.set_hot_after(tiering.write_through_after());
         self.tiering = tiering;
         self
     }
@@ -372,6 +373,7 @@ impl<E: Executor> Engine<E> {
             };
             // Blocks just evicted still hold their data: save it before any write.
             self.collect_evicted();
+            self.write_through(&placement.hot);
             if let Some(saved) = seq.swapped.take() {
                 self.swap_in(&mut seq, saved, placement.cached_blocks);
             } else {
@@ -529,6 +531,17 @@ impl<E: Executor> Engine<E> {
             }
         }
         self.blocks.register_computed(seq.id, &seq.tokens[..seq.computed]);
+    }
+
+    /// Sends blocks that just became hot to the network tier (they stay in the pool).
+    fn write_through(&mut self, hot: &[PoolBlock]) {
+        for block in hot {
+            let bytes = Arc::new(self.executor.read_block(block.block));
+            self.tiering.spill(block.hash, bytes);
+        }
+        if !hot.is_empty() {
+            crate::metrics::record_write_through(hot.len());
+        }
     }
 
     /// Hands blocks evicted from the pool, with their bytes, to the tiers.

@@ -36,11 +36,25 @@ pub struct Tiering {
     events: Vec<KvEvent>,
     /// Moving average of host-to-pool copy bandwidth, bytes per second.
     host_bandwidth: f64,
+    /// Reuses after which a pool block is also written to the network tier (0: only on eviction).
+    write_through_after: u32,
 }
 
 impl Tiering {
     pub fn new(host: Option<HostTier>, spill: Option<SpillFn>) -> Tiering {
-        Tiering { host, spill, events: Vec::new(), host_bandwidth: 0.0 }
+        Tiering { host, spill, events: Vec::new(), host_bandwidth: 0.0, write_through_after: 0 }
+    }
+
+    /// Writes a pool block to the network tier as soon as new requests have reused it `hits` times, so a hot
+    /// prefix reaches the other replicas before it is ever evicted (0: off).
+    pub fn with_write_through(mut self, hits: u32) -> Tiering {
+        self.write_through_after = hits;
+        self
+    }
+
+    /// The reuse count that triggers a write-through, 0 when off or when there is no network tier.
+    pub fn write_through_after(&self) -> u32 {
+        if self.spill.is_some() { self.write_through_after } else { 0 }
     }
 
     /// Tier events since the last call.

@@ -1,4 +1,5 @@
-//! Dense products through matrixmultiply's sgemm (reached through ndarray's safe views).
+//! Dense products through matrixmultiply's sgemm (reached through ndarray's safe views), and the
+//! dispatch of weight products with a few rows to the decode kernel in `gemv`.
 //!
 //! Every product is `C = A · B` with α = 1 and β = 0. sgemm sums each element of C over k in one fixed
 //! order (sequential FMA within blocks of 256, blocks added in order) that depends neither on the number of
@@ -7,6 +8,8 @@
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2, ShapeBuilder};
+
+use super::gemv;
 
 /// A read-only strided matrix over a slice: element (i, j) is `data[i * row_stride + j * col_stride]`.
 #[derive(Clone, Copy)]
@@ -65,18 +68,31 @@ pub(crate) fn matmul(a: Mat<'_>, b: Mat<'_>, c: &mut [f32], ldc: usize) {
 /// Weights are kept in this `[in][out]` layout because sgemm packs a right-hand factor whose rows are
 /// contiguous with plain copies.
 pub(crate) fn matmul_rows(x: &[f32], m: usize, w: Mat<'_>, out: &mut [f32]) {
-    matmul(Mat::rows(x, m, w.rows), w, out, w.cols);
+    weight_product(Mat::rows(x, m, w.rows), w, out, w.cols);
+}
+
+/// A product with a weight matrix: the streaming decode kernel for a few rows when it reproduces sgemm on
+/// this CPU, sgemm otherwise. Either way every element has the same value.
+fn weight_product(a: Mat<'_>, w: Mat<'_>, c: &mut [f32], ldc: usize) {
+    if a.rows > gemv::MAX_ROWS || !gemv::matches_sgemm() || !gemv::gemv(a, w, c, ldc) {
+        matmul(a, w, c, ldc);
+    }
 }
 
 /// Work below which a product stays on one thread (spawning costs tens of microseconds). Work counts
 /// multiply-adds, but at least 16 rows' worth: short products are bound by streaming the weights.
 const PARALLEL_MIN_WORK: usize = 1 << 22;
 
+/// A product of a few rows narrower than this stays on one thread: split by columns, its short weight rows
+/// stream worse than one thread streams the whole rows (measured with `--example decode_limit`).
+const NARROW_COLUMNS: usize = 4096;
+
 /// [`matmul_rows`] on up to `threads` threads: tall products are split by rows, short ones (decode) by
 /// columns. Neither split changes any element's arithmetic, so the result is bit-identical to one thread.
 pub(crate) fn matmul_rows_parallel(x: &[f32], m: usize, w: Mat<'_>, out: &mut [f32], threads: usize) {
     let (k, n) = (w.rows, w.cols);
     let threads = threads.min(n.div_ceil(64)).max(1);
+    let threads = if m <= gemv::MAX_ROWS && n < NARROW_COLUMNS { 1 } else { threads };
     if threads == 1 || m.max(16) * k * n < PARALLEL_MIN_WORK {
         return matmul_rows(x, m, w, out);
     }
@@ -104,13 +120,13 @@ pub(crate) fn matmul_rows_parallel(x: &[f32], m: usize, w: Mat<'_>, out: &mut [f
             .map(|&(lo, hi)| {
                 scope.spawn(move || {
                     let mut part = vec![0.0f32; m * (hi - lo)];
-                    matmul(a, w.columns(lo, hi), &mut part, hi - lo);
+                    weight_product(a, w.columns(lo, hi), &mut part, hi - lo);
                     part
                 })
             })
             .collect();
         let (lo, hi) = ranges[0];
-        matmul(a, w.columns(lo, hi), out, n);
+        weight_product(a, w.columns(lo, hi), out, n);
         for (handle, &(lo, hi)) in handles.into_iter().zip(&ranges[1..]) {
             let part = match handle.join() {
                 Ok(part) => part,

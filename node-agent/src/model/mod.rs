@@ -15,6 +15,7 @@ pub mod config;
 mod error;
 pub mod forward;
 mod gemm;
+mod gemv;
 pub mod gguf_loader;
 pub mod kv_store;
 mod ops;

@@ -63,10 +63,24 @@ enum Connection {
 }
 
 impl Connection {
-    async fn run<T: redis::FromRedisValue>(&mut self, pipe: &redis::Pipeline) -> redis::RedisResult<T> {
+    /// Runs commands on keys of any slot, replies in order: one pipeline on a standalone server; on a
+    /// cluster the keys live on different nodes, so every command goes to its node, all in flight at once.
+    async fn run_each<T: redis::FromRedisValue>(&mut self, commands: &[redis::Cmd]) -> redis::RedisResult<Vec<T>> {
         match self {
-            Connection::Single(conn) => pipe.query_async(conn).await,
-            Connection::Cluster(conn) => pipe.query_async(conn).await,
+            Connection::Single(conn) => {
+                let mut pipe = redis::pipe();
+                for command in commands {
+                    pipe.add_command(command.clone());
+                }
+                pipe.query_async(conn).await
+            }
+            Connection::Cluster(conn) => {
+                let replies = commands.iter().map(|command| {
+                    let mut conn = conn.clone();
+                    async move { command.query_async::<T>(&mut conn).await }
+                });
+                futures::future::try_join_all(replies).await
+            }
         }
     }
 }
@@ -178,12 +192,9 @@ impl NetworkTier {
         let started = Instant::now();
         for window in hashes.chunks(FETCH_WINDOW) {
             let Some(mut connection) = shared.connection().await else { break };
-            let mut pipe = redis::pipe();
-            for hash in window {
-                pipe.get(shared.key(hash));
-            }
+            let gets: Vec<redis::Cmd> = window.iter().map(|hash| redis::Cmd::get(shared.key(hash))).collect();
             let reply =
-                tokio::time::timeout(shared.config.timeout, connection.run::<Vec<Option<Vec<u8>>>>(&pipe)).await;
+                tokio::time::timeout(shared.config.timeout, connection.run_each::<Option<Vec<u8>>>(&gets)).await;
             let values = match reply {
                 Ok(Ok(values)) => values,
                 Ok(Err(error)) => {
@@ -304,9 +315,8 @@ impl Shared {
 
     async fn delete(&self, hash: BlockHash) {
         if let Some(mut connection) = self.connection().await {
-            let mut pipe = redis::pipe();
-            pipe.del(self.key(&hash)).ignore();
-            let _ = tokio::time::timeout(self.config.timeout, connection.run::<()>(&pipe)).await;
+            let delete = [redis::Cmd::del(self.key(&hash))];
+            let _ = tokio::time::timeout(self.config.timeout, connection.run_each::<redis::Value>(&delete)).await;
         }
         (self.events)(KvEvent::Removed { tier: Tier::Network, hashes: vec![hash] });
     }
@@ -327,9 +337,8 @@ async fn probe_loop(shared: std::sync::Weak<Shared>) {
         tokio::time::sleep(INTERVAL).await;
         let Some(shared) = shared.upgrade() else { return };
         let Some(mut connection) = shared.connection().await else { continue };
-        let mut pipe = redis::pipe();
-        pipe.cmd("PING");
-        match tokio::time::timeout(shared.config.timeout, connection.run::<Vec<String>>(&pipe)).await {
+        let ping = [redis::cmd("PING")];
+        match tokio::time::timeout(shared.config.timeout, connection.run_each::<String>(&ping)).await {
             Ok(Ok(_)) => {}
             Ok(Err(error)) => shared.failed(&error.to_string()).await,
             Err(_) => shared.failed("ping timed out").await,
@@ -353,18 +362,20 @@ async fn write_loop(shared: Arc<Shared>, mut queue: mpsc::Receiver<(BlockHash, B
             continue;
         };
         let started = Instant::now();
-        let mut pipe = redis::pipe();
         let mut bytes = 0usize;
-        for (hash, payload) in &batch {
-            let record = block_record::encode(&shared.fingerprint, shared.block_size, hash, payload);
-            bytes += record.len();
-            match shared.config.ttl {
-                Some(ttl) => pipe.set_ex(shared.key(hash), record, ttl.as_secs().max(1)).ignore(),
-                None => pipe.set(shared.key(hash), record).ignore(),
-            };
-        }
-        match tokio::time::timeout(shared.config.timeout * 4, connection.run::<()>(&pipe)).await {
-            Ok(Ok(())) => {
+        let sets: Vec<redis::Cmd> = batch
+            .iter()
+            .map(|(hash, payload)| {
+                let record = block_record::encode(&shared.fingerprint, shared.block_size, hash, payload);
+                bytes += record.len();
+                match shared.config.ttl {
+                    Some(ttl) => redis::Cmd::set_ex(shared.key(hash), record, ttl.as_secs().max(1)),
+                    None => redis::Cmd::set(shared.key(hash), record),
+                }
+            })
+            .collect();
+        match tokio::time::timeout(shared.config.timeout * 4, connection.run_each::<redis::Value>(&sets)).await {
+            Ok(Ok(_)) => {
                 let hashes: Vec<BlockHash> = batch.iter().map(|(hash, _)| *hash).collect();
                 metrics::record_tier_write(Tier::Network, hashes.len(), bytes, started.elapsed().as_secs_f64());
                 (shared.events)(KvEvent::Stored { tier: Tier::Network, hashes });
