@@ -22,11 +22,16 @@ fi
 echo "== fetching the demo model"
 scripts/fetch-model.sh
 
+started=$SECONDS
+took() { echo "   ($1 took $((SECONDS - started)) s)"; started=$SECONDS; }
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+took "fmt"
 
 echo "== cargo clippy"
 cargo clippy -j"$jobs" --workspace --all-targets --quiet -- -D warnings
+took "clippy"
 
 echo "== cargo test"
 cargo test -j"$jobs" --workspace
+took "the build and the tests"

@@ -376,3 +376,34 @@ async fn redis_cluster_tier_shares_blocks_across_agents() {
     assert_eq!(on_b.cached_tokens, 20);
     assert_same(&cold, &on_b);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_client_logs_in_selects_the_database_and_reports_refusals() {
+    use kvroute_node_agent::tiers::resp::{Op, Reply};
+    use kvroute_node_agent::tiers::resp_client::RespPool;
+    let redis = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    let port = redis.port();
+    let set = |key: &str, value: &[u8]| Op::Set {
+        key: key.into(),
+        head: value[..1].to_vec(),
+        body: Arc::new(value[1..].to_vec()),
+        ttl_seconds: Some(60),
+    };
+    let db3 = RespPool::from_url(&format!("redis://:s3cret@127.0.0.1:{port}/3"), 1024).unwrap();
+    let replies = db3.run(&[set("k", b"value"), Op::Get("k".into()), Op::Get("missing".into())]).await.unwrap();
+    assert_eq!(replies[1], Reply::Bulk(Some(b"value".to_vec())), "head and body joined");
+    assert_eq!(replies[2], Reply::Bulk(None));
+    let db0 = RespPool::from_url(&format!("redis://:s3cret@127.0.0.1:{port}/0"), 1024).unwrap();
+    assert_eq!(db0.run(&[Op::Get("k".into())]).await.unwrap(), vec![Reply::Bulk(None)], "another database");
+    let wrong = RespPool::from_url(&format!("redis://:nope@127.0.0.1:{port}/0"), 1024).unwrap();
+    let error = wrong.run(&[Op::Ping]).await.unwrap_err().to_string();
+    assert!(error.contains("refused"), "{error}");
+    let anonymous = RespPool::from_url(&format!("redis://127.0.0.1:{port}/0"), 1024).unwrap();
+    let error = anonymous.run(&[Op::Ping]).await.unwrap_err().to_string();
+    assert!(error.contains("NOAUTH"), "{error}");
+    // A value past the client's limit is a protocol error, not an allocation of whatever size was announced.
+    db3.run(&[set("big", &[7u8; 4096])]).await.unwrap();
+    let error = db3.run(&[Op::Get("big".into())]).await.unwrap_err().to_string();
+    assert!(error.contains("exceeds"), "{error}");
+    assert!(RespPool::from_url("unix:///tmp/redis.sock", 1024).is_err(), "only TCP");
+}

@@ -74,7 +74,15 @@ pub enum RecordError {
 
 /// Encodes one block's record.
 pub fn encode(fingerprint: &ModelFingerprint, block_size: u32, hash: &BlockHash, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    let mut out = encode_header(fingerprint, block_size, hash, payload);
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The record's header alone: the record is this followed by `payload` (for writers that send the two
+/// parts without joining them first).
+pub fn encode_header(fingerprint: &ModelFingerprint, block_size: u32, hash: &BlockHash, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(&0u16.to_le_bytes());
@@ -83,7 +91,6 @@ pub fn encode(fingerprint: &ModelFingerprint, block_size: u32, hash: &BlockHash,
     out.extend_from_slice(&hash.0);
     out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
     out.extend_from_slice(blake3::hash(payload).as_bytes());
-    out.extend_from_slice(payload);
     out
 }
 

@@ -214,8 +214,9 @@ impl RedisServer {
     fn wait_ready(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
+            // A server started with a password answers NOAUTH: it is up all the same.
             if let Ok(reply) = self.command(&[b"PING"])
-                && reply.starts_with(b"+PONG")
+                && (reply.starts_with(b"+PONG") || reply.starts_with(b"-NOAUTH"))
             {
                 return;
             }

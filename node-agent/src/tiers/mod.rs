@@ -3,3 +3,5 @@
 
 pub mod host;
 pub mod network;
+pub mod resp;
+pub mod resp_client;

@@ -14,14 +14,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use kvroute_proto::block_hash::BlockHash;
 use kvroute_proto::block_record::{self, Expected, ModelFingerprint};
 use kvroute_proto::domain::{KvEvent, Tier};
-use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::{Mutex, mpsc};
 
 use super::host::BlockBytes;
+use super::resp::{Op, Reply};
+use super::resp_client::RespPool;
 use crate::metrics;
 
 /// Where the shared tier lives and how it is used.
@@ -58,30 +60,62 @@ pub type EventCallback = Arc<dyn Fn(KvEvent) + Send + Sync>;
 
 #[derive(Clone)]
 enum Connection {
-    Single(MultiplexedConnection),
+    Single(Arc<RespPool>),
     Cluster(ClusterConnection),
 }
 
 impl Connection {
     /// Runs commands on keys of any slot, replies in order: one pipeline on a standalone server; on a
     /// cluster the keys live on different nodes, so every command goes to its node, all in flight at once.
-    async fn run_each<T: redis::FromRedisValue>(&mut self, commands: &[redis::Cmd]) -> redis::RedisResult<Vec<T>> {
+    /// A server error reply to any command fails the whole call.
+    async fn run_each(&mut self, ops: Vec<Op>) -> Result<Vec<Reply>, String> {
         match self {
-            Connection::Single(conn) => {
-                let mut pipe = redis::pipe();
-                for command in commands {
-                    pipe.add_command(command.clone());
-                }
-                pipe.query_async(conn).await
-            }
+            Connection::Single(pool) => pool.run(&ops).await.map_err(|error| error.to_string()),
             Connection::Cluster(conn) => {
-                let replies = commands.iter().map(|command| {
+                let replies = ops.into_iter().map(|op| {
                     let mut conn = conn.clone();
-                    async move { command.query_async::<T>(&mut conn).await }
+                    async move { cluster_command(op).query_async::<redis::Value>(&mut conn).await.map(reply_of) }
                 });
-                futures::future::try_join_all(replies).await
+                let replies = futures::future::try_join_all(replies).await.map_err(|error| error.to_string())?;
+                match replies.iter().find_map(|r| if let Reply::Error(text) = r { Some(text) } else { None }) {
+                    Some(text) => Err(format!("redis refused a command: {text}")),
+                    None => Ok(replies),
+                }
             }
         }
+    }
+}
+
+fn cluster_command(op: Op) -> redis::Cmd {
+    match op {
+        Op::Get(key) => redis::Cmd::get(key),
+        Op::Set { key, mut head, body, ttl_seconds } => {
+            head.extend_from_slice(&body);
+            match ttl_seconds {
+                Some(ttl) => redis::Cmd::set_ex(key, head, ttl),
+                None => redis::Cmd::set(key, head),
+            }
+        }
+        Op::Del(key) => redis::Cmd::del(key),
+        Op::Ping => redis::cmd("PING"),
+        Op::Auth { username, password } => {
+            let mut cmd = redis::cmd("AUTH");
+            cmd.arg(username).arg(password);
+            cmd
+        }
+        Op::Select(db) => redis::cmd("SELECT").arg(db).clone(),
+    }
+}
+
+fn reply_of(value: redis::Value) -> Reply {
+    match value {
+        redis::Value::Nil => Reply::Bulk(None),
+        redis::Value::BulkString(bytes) => Reply::Bulk(Some(bytes)),
+        redis::Value::Int(value) => Reply::Integer(value),
+        redis::Value::Okay => Reply::Status("OK".into()),
+        redis::Value::SimpleString(text) => Reply::Status(text),
+        redis::Value::ServerError(error) => Reply::Error(format!("{error:?}")),
+        other => Reply::Error(format!("unexpected reply {other:?}")),
     }
 }
 
@@ -103,6 +137,8 @@ struct Shared {
     announced: AtomicBool,
     /// Moving average of read bandwidth, f64 bits (0 = not measured yet).
     read_bandwidth: AtomicU64,
+    /// The write queue's sending side, weak so that the writers end when the tier is dropped.
+    writes: mpsc::WeakSender<(BlockHash, BlockBytes)>,
     events: EventCallback,
 }
 
@@ -116,9 +152,13 @@ pub struct NetworkTier {
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Blocks fetched per pipelined round trip.
-const FETCH_WINDOW: usize = 16;
+const FETCH_WINDOW: usize = 32;
+/// Fetch round trips in flight at once (the next window travels while the last one is verified).
+const FETCHES_IN_FLIGHT: usize = 4;
 /// Blocks written per pipelined round trip.
 const WRITE_BATCH: usize = 64;
+/// Writer tasks, each with one batch in flight.
+const WRITERS: usize = 4;
 
 impl NetworkTier {
     /// Starts the tier: connects in the background, spawns the writer task.
@@ -142,9 +182,13 @@ impl NetworkTier {
             up: AtomicBool::new(false),
             announced: AtomicBool::new(false),
             read_bandwidth: AtomicU64::new(0),
+            writes: writes.downgrade(),
             events,
         });
-        tokio::spawn(write_loop(shared.clone(), queue));
+        let queue = Arc::new(Mutex::new(queue));
+        for _ in 0..WRITERS {
+            tokio::spawn(write_loop(shared.clone(), queue.clone()));
+        }
         let weak = Arc::downgrade(&shared);
         tokio::spawn(probe_loop(weak));
         NetworkTier { shared, writes }
@@ -190,47 +234,29 @@ impl NetworkTier {
         let shared = &self.shared;
         let mut out = Vec::new();
         let started = Instant::now();
-        for window in hashes.chunks(FETCH_WINDOW) {
-            let Some(mut connection) = shared.connection().await else { break };
-            let gets: Vec<redis::Cmd> = window.iter().map(|hash| redis::Cmd::get(shared.key(hash))).collect();
-            let reply =
-                tokio::time::timeout(shared.config.timeout, connection.run_each::<Option<Vec<u8>>>(&gets)).await;
-            let values = match reply {
-                Ok(Ok(values)) => values,
-                Ok(Err(error)) => {
-                    shared.failed(&error.to_string()).await;
+        let Some(connection) = shared.connection().await else { return out };
+        // Each window is its own task: the next one travels (and verifies, on another core) while this one
+        // is taken apart. Windows past a miss are aborted when the stream is dropped.
+        let windows: Vec<Vec<BlockHash>> = hashes.chunks(FETCH_WINDOW).map(<[BlockHash]>::to_vec).collect();
+        let mut fetched = futures::stream::iter(windows)
+            .map(|window| AbortOnDrop(tokio::spawn(fetch_window(shared.clone(), connection.clone(), window))))
+            .buffered(FETCHES_IN_FLIGHT);
+        while let Some(window) = fetched.next().await {
+            let Ok(window) = window else { break };
+            out.extend(window.blocks);
+            match window.end {
+                None => {}
+                Some(WindowEnd::Miss) => break,
+                Some(WindowEnd::Failed(reason)) => {
+                    shared.failed(&reason).await;
                     break;
                 }
-                Err(_) => {
-                    shared.failed("read timed out").await;
+                Some(WindowEnd::Corrupt(hash, error)) => {
+                    tracing::warn!(block = %hash, %error, "discarding a network-tier record that does not verify");
+                    metrics::record_tier_corrupt(Tier::Network);
+                    shared.delete(hash).await;
                     break;
                 }
-            };
-            let mut complete = true;
-            for (hash, value) in window.iter().zip(values) {
-                let Some(record) = value else {
-                    complete = false;
-                    break;
-                };
-                let expected = Expected {
-                    fingerprint: &shared.fingerprint,
-                    block_size: shared.block_size,
-                    hash,
-                    payload_len: shared.payload_len,
-                };
-                match block_record::decode(&record, &expected) {
-                    Ok(payload) => out.push(Arc::new(payload.to_vec())),
-                    Err(error) => {
-                        tracing::warn!(block = %hash, %error, "discarding a network-tier record that does not verify");
-                        metrics::record_tier_corrupt(Tier::Network);
-                        shared.delete(*hash).await;
-                        complete = false;
-                        break;
-                    }
-                }
-            }
-            if !complete {
-                break;
             }
         }
         if !out.is_empty() {
@@ -240,6 +266,65 @@ impl NetworkTier {
             metrics::record_tier_reload(Tier::Network, out.len(), bytes, seconds);
         }
         out
+    }
+}
+
+/// What one fetched window of a chain holds: its leading verified blocks, and why it stopped short.
+struct Window {
+    blocks: Vec<BlockBytes>,
+    end: Option<WindowEnd>,
+}
+
+enum WindowEnd {
+    Miss,
+    Failed(String),
+    Corrupt(BlockHash, block_record::RecordError),
+}
+
+/// Fetches and verifies one window of a chain.
+async fn fetch_window(shared: Arc<Shared>, mut connection: Connection, window: Vec<BlockHash>) -> Window {
+    let gets: Vec<Op> = window.iter().map(|hash| Op::Get(shared.key(hash))).collect();
+    let replies = match tokio::time::timeout(shared.config.timeout, connection.run_each(gets)).await {
+        Ok(Ok(replies)) => replies,
+        Ok(Err(error)) => return Window { blocks: Vec::new(), end: Some(WindowEnd::Failed(error)) },
+        Err(_) => return Window { blocks: Vec::new(), end: Some(WindowEnd::Failed("read timed out".into())) },
+    };
+    let mut blocks = Vec::with_capacity(window.len());
+    for (hash, reply) in window.iter().zip(replies) {
+        let Reply::Bulk(Some(mut record)) = reply else { return Window { blocks, end: Some(WindowEnd::Miss) } };
+        let expected = Expected {
+            fingerprint: &shared.fingerprint,
+            block_size: shared.block_size,
+            hash,
+            payload_len: shared.payload_len,
+        };
+        match block_record::decode(&record, &expected) {
+            Ok(payload) => {
+                // Keep the record's allocation: move the payload to its front.
+                let offset = record.len() - payload.len();
+                record.drain(..offset);
+                blocks.push(Arc::new(record));
+            }
+            Err(error) => return Window { blocks, end: Some(WindowEnd::Corrupt(*hash, error)) },
+        }
+    }
+    Window { blocks, end: None }
+}
+
+/// A spawned task that is aborted when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> std::future::Future for AbortOnDrop<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
     }
 }
 
@@ -282,14 +367,18 @@ impl Shared {
         }
     }
 
-    async fn connect(&self) -> redis::RedisResult<Connection> {
+    async fn connect(&self) -> Result<Connection, String> {
         if !self.config.cluster_nodes.is_empty() {
-            let client = redis::cluster::ClusterClient::new(self.config.cluster_nodes.clone())?;
-            return Ok(Connection::Cluster(client.get_async_connection().await?));
+            let client =
+                redis::cluster::ClusterClient::new(self.config.cluster_nodes.clone()).map_err(|e| e.to_string())?;
+            return client.get_async_connection().await.map(Connection::Cluster).map_err(|e| e.to_string());
         }
         let url = self.config.url.as_deref().unwrap_or("redis://127.0.0.1:6379/0");
-        let client = redis::Client::open(url)?;
-        Ok(Connection::Single(client.get_multiplexed_async_connection().await?))
+        // Room for a record's header beyond its payload.
+        let pool = RespPool::from_url(url, self.payload_len as usize + 4096).map_err(|error| error.to_string())?;
+        // Connect (and log in) now, so that "up" means reachable.
+        pool.run(&[Op::Ping]).await.map_err(|error| error.to_string())?;
+        Ok(Connection::Single(Arc::new(pool)))
     }
 
     /// Drops the connection after an error; the next use reconnects.
@@ -315,8 +404,8 @@ impl Shared {
 
     async fn delete(&self, hash: BlockHash) {
         if let Some(mut connection) = self.connection().await {
-            let delete = [redis::Cmd::del(self.key(&hash))];
-            let _ = tokio::time::timeout(self.config.timeout, connection.run_each::<redis::Value>(&delete)).await;
+            let delete = vec![Op::Del(self.key(&hash))];
+            let _ = tokio::time::timeout(self.config.timeout, connection.run_each(delete)).await;
         }
         (self.events)(KvEvent::Removed { tier: Tier::Network, hashes: vec![hash] });
     }
@@ -337,8 +426,7 @@ async fn probe_loop(shared: std::sync::Weak<Shared>) {
         tokio::time::sleep(INTERVAL).await;
         let Some(shared) = shared.upgrade() else { return };
         let Some(mut connection) = shared.connection().await else { continue };
-        let ping = [redis::cmd("PING")];
-        match tokio::time::timeout(shared.config.timeout, connection.run_each::<String>(&ping)).await {
+        match tokio::time::timeout(shared.config.timeout, connection.run_each(vec![Op::Ping])).await {
             Ok(Ok(_)) => {}
             Ok(Err(error)) => shared.failed(&error.to_string()).await,
             Err(_) => shared.failed("ping timed out").await,
@@ -346,14 +434,19 @@ async fn probe_loop(shared: std::sync::Weak<Shared>) {
     }
 }
 
-async fn write_loop(shared: Arc<Shared>, mut queue: mpsc::Receiver<(BlockHash, BlockBytes)>) {
+/// One writer: takes a batch off the shared queue, writes it in one pipelined round trip, repeats.
+async fn write_loop(shared: Arc<Shared>, queue: Arc<Mutex<mpsc::Receiver<(BlockHash, BlockBytes)>>>) {
     let mut batch = Vec::with_capacity(WRITE_BATCH);
-    while let Some(first) = queue.recv().await {
-        batch.push(first);
-        while batch.len() < WRITE_BATCH {
-            match queue.try_recv() {
-                Ok(item) => batch.push(item),
-                Err(_) => break,
+    loop {
+        {
+            let mut queue = queue.lock().await;
+            let Some(first) = queue.recv().await else { return };
+            batch.push(first);
+            while batch.len() < WRITE_BATCH {
+                match queue.try_recv() {
+                    Ok(item) => batch.push(item),
+                    Err(_) => break,
+                }
             }
         }
         let Some(mut connection) = shared.connection().await else {
@@ -363,18 +456,16 @@ async fn write_loop(shared: Arc<Shared>, mut queue: mpsc::Receiver<(BlockHash, B
         };
         let started = Instant::now();
         let mut bytes = 0usize;
-        let sets: Vec<redis::Cmd> = batch
+        let sets: Vec<Op> = batch
             .iter()
             .map(|(hash, payload)| {
-                let record = block_record::encode(&shared.fingerprint, shared.block_size, hash, payload);
-                bytes += record.len();
-                match shared.config.ttl {
-                    Some(ttl) => redis::Cmd::set_ex(shared.key(hash), record, ttl.as_secs().max(1)),
-                    None => redis::Cmd::set(shared.key(hash), record),
-                }
+                let head = block_record::encode_header(&shared.fingerprint, shared.block_size, hash, payload);
+                bytes += head.len() + payload.len();
+                let ttl_seconds = shared.config.ttl.map(|ttl| ttl.as_secs().max(1));
+                Op::Set { key: shared.key(hash), head, body: payload.clone(), ttl_seconds }
             })
             .collect();
-        match tokio::time::timeout(shared.config.timeout * 4, connection.run_each::<redis::Value>(&sets)).await {
+        match tokio::time::timeout(shared.config.timeout * 4, connection.run_each(sets)).await {
             Ok(Ok(_)) => {
                 let hashes: Vec<BlockHash> = batch.iter().map(|(hash, _)| *hash).collect();
                 metrics::record_tier_write(Tier::Network, hashes.len(), bytes, started.elapsed().as_secs_f64());
@@ -390,6 +481,8 @@ async fn write_loop(shared: Arc<Shared>, mut queue: mpsc::Receiver<(BlockHash, B
             }
         }
         batch.clear();
-        metrics::record_tier_queue(Tier::Network, queue.len());
+        if let Some(writes) = shared.writes.upgrade() {
+            metrics::record_tier_queue(Tier::Network, writes.max_capacity() - writes.capacity());
+        }
     }
 }

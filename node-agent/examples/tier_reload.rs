@@ -1,0 +1,264 @@
+//! Reload against recompute, measured on the real engine with a real redis-server (started here on a free
+//! loopback port): for each prompt length, the time to first token when the prefix is computed cold, found
+//! in the pool (G1), reloaded from host RAM (G2) on the same agent, and reloaded from Redis (G3) by a second
+//! agent that never computed it (the cross-replica case). Then the Redis tier's own write and read
+//! throughput for this model's block records, beside `redis-benchmark` on the same server and value size.
+//!
+//! cargo run --release -p kvroute-node-agent --example tier_reload -- [MODEL.gguf|tiny-random] [lengths,...]
+
+#![allow(clippy::unwrap_used)]
+#![allow(clippy::expect_used)]
+
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvroute_node_agent::block_manager::VecSink;
+use kvroute_node_agent::engine::model_executor::ModelExecutor;
+use kvroute_node_agent::engine::tiering::SpillFn;
+use kvroute_node_agent::engine::{Engine, EngineConfig, Executor, Output, Prefetched, Tiering};
+use kvroute_node_agent::model::Model;
+use kvroute_node_agent::tiers::host::HostTier;
+use kvroute_node_agent::tiers::network::{NetworkConfig, NetworkTier};
+use kvroute_node_agent::tiers::resp::Op;
+use kvroute_node_agent::tiers::resp_client::RespPool;
+use kvroute_proto::BlockHasher;
+use kvroute_proto::block_record::{self, ModelFingerprint};
+use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, KvDtype, KvEvent, SamplingParams, Tier};
+use kvroute_test_support::RedisServer;
+
+const BLOCK_SIZE: usize = 16;
+/// Bytes of block records written and read in the throughput measurement.
+const THROUGHPUT_BYTES: usize = 256 << 20;
+
+struct Agent {
+    engine: Engine<ModelExecutor>,
+    network: NetworkTier,
+    stored: Arc<AtomicUsize>,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let spec = args.get(1).cloned().unwrap_or_else(|| "tiny-random".into());
+    let lengths: Vec<usize> = match args.get(2) {
+        Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
+        None => vec![512, 2048, 8160],
+    };
+    let redis = RedisServer::start();
+    println!("redis-server on port {}", redis.port());
+    println!("time to first token, and prompt tokens reloaded from the tier");
+    println!(
+        "{:>7} {:>11} {:>9} {:>27} {:>28}",
+        "tokens", "cold", "G1 hit", "G2 reload (same agent)", "G3 reload (other agent)"
+    );
+    for &length in &lengths {
+        let mut a = agent(&spec, length, &redis, 2)?;
+        let vocab = a.engine.executor().vocab_size();
+        let prompt = tokens(length, vocab, 1);
+        let cold = ttft(&mut a, &prompt, false).await;
+        // Two full hits: the second makes the blocks hot, and write-through copies them to Redis.
+        ttft(&mut a, &prompt, false).await;
+        let g1 = ttft(&mut a, &prompt, false).await;
+        // A longer prompt evicts all of them from the pool into host RAM.
+        ttft(&mut a, &tokens(length + BLOCK_SIZE, vocab, 2), false).await;
+        let g2 = ttft(&mut a, &prompt, false).await;
+        let blocks = length / BLOCK_SIZE;
+        wait_stored(&a.stored, blocks).await;
+        let mut b = agent(&spec, length, &redis, 0)?;
+        let g3 = ttft(&mut b, &prompt, true).await;
+        let stats = (a.engine.stats().host_hit_tokens_total, b.engine.stats().network_hit_tokens_total);
+        println!(
+            "{length:>7} {:>9.1}ms {:>7.1}ms {:>9.1}ms {:>5} from host {:>9.1}ms {:>5} from redis",
+            ms(cold.0),
+            ms(g1.0),
+            ms(g2.0),
+            stats.0,
+            ms(g3.0),
+            stats.1
+        );
+    }
+    throughput(&spec, &redis).await?;
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn tokens(length: usize, vocab: usize, seed: usize) -> Vec<u32> {
+    (0..length).map(|i| ((i * 7919 + seed * 104_729) % (vocab - 300) + 100) as u32).collect()
+}
+
+/// An agent whose pool holds one prompt of `length` tokens plus a little, with host RAM for two such prompts
+/// and the Redis tier; write-through after `write_through` reuses (0: off).
+fn agent(
+    spec: &str,
+    length: usize,
+    redis: &RedisServer,
+    write_through: u32,
+) -> Result<Agent, Box<dyn std::error::Error>> {
+    let model = Model::load(spec)?;
+    let geometry = model.config().kv_geometry(KvDtype::Bf16);
+    let max_context = model.config().max_context;
+    let fingerprint = ModelFingerprint::new(model.model_id(), &geometry, BLOCK_SIZE as u32);
+    let blocks = length.div_ceil(BLOCK_SIZE) + 2;
+    let kv = model.new_kv_store(KvDtype::Bf16, blocks, BLOCK_SIZE);
+    let per_block = kv.bytes_per_block() as u64;
+    let stored = Arc::new(AtomicUsize::new(0));
+    let counter = stored.clone();
+    let events = Arc::new(move |event| {
+        if let KvEvent::Stored { tier: Tier::Network, hashes } = event {
+            counter.fetch_add(hashes.len(), Ordering::Relaxed);
+        }
+    });
+    let config = NetworkConfig { url: Some(redis.url()), queue_capacity: 4096, ..NetworkConfig::default() };
+    let network = NetworkTier::start(config, fingerprint, BLOCK_SIZE as u32, per_block, events);
+    let spill = network.clone();
+    let spill = Box::new(move |hash, bytes| spill.spill(hash, bytes)) as SpillFn;
+    let host = HostTier::new(2 * blocks as u64 * per_block);
+    let config = EngineConfig { max_context, ..EngineConfig::default() };
+    let engine = Engine::new(config, ModelExecutor::new(model, kv), Vec::new(), Box::new(VecSink::default()))
+        .with_tiering(Tiering::new(Some(host), Some(spill)).with_write_through(write_through));
+    Ok(Agent { engine, network, stored })
+}
+
+/// Time to the first token of `prompt`, including the Redis prefetch when `prefetch` is set.
+async fn ttft(agent: &mut Agent, prompt: &[u32], prefetch: bool) -> (Duration, u32) {
+    let start = Instant::now();
+    let prefetched = if prefetch {
+        let hashes = BlockHasher::new(BLOCK_SIZE as u32, agent.engine.executor().model_id(), b"").hashes(prompt);
+        let first = agent.engine.resident_blocks(&hashes);
+        Prefetched { first_block: first, blocks: agent.network.fetch_run(&hashes[first..]).await }
+    } else {
+        Prefetched::default()
+    };
+    let request = AgentGenerateRequest {
+        request_id: String::new(),
+        prompt: prompt.to_vec(),
+        cache_scope: Vec::new(),
+        cache_mode: CacheMode::Shared,
+        sampling: SamplingParams::GREEDY,
+        max_tokens: 1,
+        stop_token_ids: Vec::new(),
+        ignore_eos: true,
+    };
+    let cached = Arc::new(Mutex::new(None));
+    let sink = cached.clone();
+    let output = Box::new(move |output: Output| {
+        if let Some((_, usage)) = output.finished {
+            *sink.lock().unwrap() = Some(usage.cached_tokens);
+        }
+        true
+    });
+    agent.engine.submit_prefetched(request, output, prefetched).unwrap();
+    while cached.lock().unwrap().is_none() {
+        agent.engine.step();
+    }
+    let cached_tokens = cached.lock().unwrap().unwrap_or(0);
+    (start.elapsed(), cached_tokens)
+}
+
+async fn wait_stored(stored: &AtomicUsize, at_least: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while stored.load(Ordering::Relaxed) < at_least && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Writes and reads this model's block records through the tier, then runs redis-benchmark with the same
+/// value size and pipelining depth.
+async fn throughput(spec: &str, redis: &RedisServer) -> Result<(), Box<dyn std::error::Error>> {
+    let model = Model::load(spec)?;
+    let geometry = model.config().kv_geometry(KvDtype::Bf16);
+    let fingerprint = ModelFingerprint::new(model.model_id(), &geometry, BLOCK_SIZE as u32);
+    let payload_len = geometry.bytes_per_block(BLOCK_SIZE as u32);
+    let stored = Arc::new(AtomicUsize::new(0));
+    let counter = stored.clone();
+    let events = Arc::new(move |event| {
+        if let KvEvent::Stored { tier: Tier::Network, hashes } = event {
+            counter.fetch_add(hashes.len(), Ordering::Relaxed);
+        }
+    });
+    let config = NetworkConfig {
+        url: Some(redis.url()),
+        queue_capacity: THROUGHPUT_BYTES.div_ceil(payload_len as usize),
+        key_prefix: "throughput".into(),
+        ..NetworkConfig::default()
+    };
+    let network = NetworkTier::start(config, fingerprint, BLOCK_SIZE as u32, payload_len, events);
+    let count = THROUGHPUT_BYTES.div_ceil(payload_len as usize);
+    let hashes = BlockHasher::new(BLOCK_SIZE as u32, "throughput", b"").hashes(&tokens(count * BLOCK_SIZE, 50_000, 9));
+    let payloads: Vec<Arc<Vec<u8>>> =
+        (0..count).map(|i| Arc::new(vec![(i % 251) as u8; payload_len as usize])).collect();
+    let record_len = block_record::encode(&fingerprint, BLOCK_SIZE as u32, &hashes[0], &payloads[0]).len();
+    // Connect before timing.
+    network.fetch_run(&hashes[..1]).await;
+    let start = Instant::now();
+    for (hash, payload) in hashes.iter().zip(&payloads) {
+        assert!(network.spill(*hash, payload.clone()), "the write queue holds every block");
+    }
+    wait_stored(&stored, count).await;
+    let write = start.elapsed();
+    let start = Instant::now();
+    let read = network.fetch_run(&hashes).await;
+    let read_time = start.elapsed();
+
+    assert_eq!(read.len(), count, "every block reads back");
+    let megabytes = (count * record_len) as f64 / 1e6;
+    println!("block record {record_len} bytes, {count} records");
+    println!(
+        "network tier (records built and checksummed, read back verified): write {:.0} MB/s, read {:.0} MB/s",
+        megabytes / write.as_secs_f64(),
+        megabytes / read_time.as_secs_f64()
+    );
+    // The same records through the tier's Redis client alone: pipelines of the tier's depth, no hashing.
+    let pool = RespPool::from_url(&redis.url(), record_len + 1024)?;
+    let records: Vec<Arc<Vec<u8>>> = hashes
+        .iter()
+        .zip(&payloads)
+        .map(|(hash, payload)| Arc::new(block_record::encode(&fingerprint, BLOCK_SIZE as u32, hash, payload)))
+        .collect();
+    let keys: Vec<String> = (0..count).map(|i| format!("transport:{i}")).collect();
+    let start = Instant::now();
+    for (keys, records) in keys.chunks(64).zip(records.chunks(64)) {
+        let ops = keys.iter().zip(records).map(|(key, record)| Op::Set {
+            key: key.clone(),
+            head: Vec::new(),
+            body: record.clone(),
+            ttl_seconds: None,
+        });
+        pool.run(&ops.collect::<Vec<_>>()).await?;
+    }
+    let transport_write = start.elapsed();
+    let start = Instant::now();
+    for keys in keys.chunks(32) {
+        pool.run(&keys.iter().map(|key| Op::Get(key.clone())).collect::<Vec<_>>()).await?;
+    }
+    let transport_read = start.elapsed();
+    println!(
+        "its Redis client alone, one pipeline at a time: write {:.0} MB/s, read {:.0} MB/s",
+        megabytes / transport_write.as_secs_f64(),
+        megabytes / transport_read.as_secs_f64()
+    );
+    let benchmark = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &redis.port().to_string(), "-t", "set,get", "-c", "1", "-P", "16"])
+        .args(["-n", &count.to_string(), "-d", &record_len.to_string(), "-q", "--csv"])
+        .output();
+    match benchmark {
+        Ok(output) if output.status.success() => {
+            for line in String::from_utf8_lossy(&output.stdout).lines().skip(1) {
+                let fields: Vec<&str> = line.split(',').map(|f| f.trim_matches('"')).collect();
+                if let (Some(test), Some(rps)) = (fields.first(), fields.get(1).and_then(|f| f.parse::<f64>().ok())) {
+                    println!(
+                        "redis-benchmark {test} (1 client, pipeline 16): {:.0} MB/s",
+                        rps * record_len as f64 / 1e6
+                    );
+                }
+            }
+        }
+        _ => println!("redis-benchmark not found: raw throughput not measured"),
+    }
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! Plain TCP connections to one standalone Redis, pooled, running pipelines of [`resp`] commands. Built for
+//! large values: a value is copied once into the request buffer, and a bulk reply is read straight into its
+//! own allocation. A connection whose pipeline fails or is abandoned (a timeout drops the future) is closed,
+//! never reused in an unknown state.
+
+use std::sync::Mutex;
+
+use redis::{ConnectionAddr, IntoConnectionInfo};
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::resp::{self, Header, Op, Reply, RespError};
+
+/// Idle connections kept for reuse.
+const MAX_IDLE: usize = 8;
+/// Initial size of a connection's read buffer.
+const READ_BUFFER: usize = 64 * 1024;
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol: {0}")]
+    Protocol(#[from] RespError),
+    #[error("redis refused a command: {0}")]
+    Refused(String),
+    #[error("invalid Redis URL: {0}")]
+    Url(String),
+}
+
+/// Where the server is and how to log in.
+pub struct RespPool {
+    host: String,
+    port: u16,
+    login: Vec<Op>,
+    /// Longest bulk reply accepted.
+    max_bulk: usize,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl RespPool {
+    /// A pool for `redis://[user:password@]host[:port][/db]`; connects lazily.
+    pub fn from_url(url: &str, max_bulk: usize) -> Result<RespPool, ClientError> {
+        let info = url.into_connection_info().map_err(|error| ClientError::Url(error.to_string()))?;
+        let (host, port) = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => (host.clone(), *port),
+            other => return Err(ClientError::Url(format!("only redis:// over TCP is supported, not {other:?}"))),
+        };
+        let settings = info.redis_settings();
+        let mut login = Vec::new();
+        if let Some(password) = settings.password() {
+            login.push(Op::Auth { username: settings.username().map(str::to_string), password: password.to_string() });
+        }
+        if settings.db() != 0 {
+            login.push(Op::Select(settings.db()));
+        }
+        Ok(RespPool { host, port, login, max_bulk, idle: Mutex::new(Vec::new()) })
+    }
+
+    /// Runs `ops` as one pipeline; the replies come back in order. A server error reply to any command is
+    /// [`ClientError::Refused`].
+    pub async fn run(&self, ops: &[Op]) -> Result<Vec<Reply>, ClientError> {
+        let idle = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        let mut connection = match idle {
+            Some(connection) => connection,
+            None => self.connect().await?,
+        };
+        let replies = connection.pipeline(ops, self.max_bulk).await?;
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < MAX_IDLE
+        {
+            idle.push(connection);
+        }
+        refused(replies)
+    }
+
+    async fn connect(&self) -> Result<Connection, ClientError> {
+        let stream = TcpStream::connect((self.host.as_str(), self.port)).await?;
+        stream.set_nodelay(true)?;
+        let mut connection = Connection { stream, buf: vec![0; READ_BUFFER], start: 0, end: 0 };
+        if !self.login.is_empty() {
+            refused(connection.pipeline(&self.login, self.max_bulk).await?)?;
+        }
+        Ok(connection)
+    }
+}
+
+fn refused(replies: Vec<Reply>) -> Result<Vec<Reply>, ClientError> {
+    match replies.iter().find_map(|reply| if let Reply::Error(text) = reply { Some(text) } else { None }) {
+        Some(text) => Err(ClientError::Refused(text.clone())),
+        None => Ok(replies),
+    }
+}
+
+struct Connection {
+    stream: TcpStream,
+    /// Bytes read and not parsed yet are `buf[start..end]`.
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Connection {
+    async fn pipeline(&mut self, ops: &[Op], max_bulk: usize) -> Result<Vec<Reply>, ClientError> {
+        let mut request = Vec::with_capacity(resp::encoded_len_hint(ops));
+        resp::encode(ops, &mut request);
+        self.stream.write_all(&request).await?;
+        let mut replies = Vec::with_capacity(ops.len());
+        while replies.len() < ops.len() {
+            replies.push(self.read_reply(max_bulk).await?);
+        }
+        Ok(replies)
+    }
+
+    async fn read_reply(&mut self, max_bulk: usize) -> Result<Reply, ClientError> {
+        loop {
+            let Some((header, used)) = resp::parse_header(&self.buf[self.start..self.end], max_bulk)? else {
+                self.fill().await?;
+                continue;
+            };
+            self.start += used;
+            return Ok(match header {
+                Header::Status(text) => Reply::Status(text),
+                Header::Error(text) => Reply::Error(text),
+                Header::Integer(value) => Reply::Integer(value),
+                Header::Nil => Reply::Bulk(None),
+                Header::Bulk(len) => Reply::Bulk(Some(self.read_bulk(len).await?)),
+            });
+        }
+    }
+
+    /// The `len` bytes of a bulk string and its CRLF: what is buffered, then the rest read directly.
+    async fn read_bulk(&mut self, len: usize) -> Result<Vec<u8>, ClientError> {
+        let total = len + 2;
+        let mut body = Vec::with_capacity(total);
+        let buffered = total.min(self.end - self.start);
+        body.extend_from_slice(&self.buf[self.start..self.start + buffered]);
+        self.start += buffered;
+        while body.len() < total {
+            let missing = (total - body.len()) as u64;
+            if (&mut self.stream).take(missing).read_buf(&mut body).await? == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+            }
+        }
+        if body[len..] != *b"\r\n" {
+            return Err(RespError::Malformed("bulk string does not end with CRLF".into()).into());
+        }
+        body.truncate(len);
+        Ok(body)
+    }
+
+    /// Reads more bytes into the buffer, first moving unparsed bytes to its front.
+    async fn fill(&mut self) -> Result<(), ClientError> {
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.end == self.buf.len() {
+            // parse_header refuses lines longer than resp::MAX_LINE, so this stays bounded.
+            self.buf.resize(self.buf.len() * 2, 0);
+        }
+        let read = self.stream.read(&mut self.buf[self.end..]).await?;
+        if read == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+        }
+        self.end += read;
+        Ok(())
+    }
+}
