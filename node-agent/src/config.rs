@@ -114,9 +114,12 @@ impl ServeArgs {
             return Err("the KV pool must hold at least one block".into());
         }
         for url in self.redis_url.iter().chain(&self.redis_cluster_nodes) {
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                return Err(format!("{url:?} is not a redis:// URL"));
+            if !url.starts_with("redis://") {
+                return Err(format!("{url:?} is not a redis:// URL (TLS is not supported)"));
             }
+        }
+        if let Some(url) = &self.redis_url {
+            crate::tiers::resp_client::RespPool::from_url(url, 0).map_err(|error| format!("--redis-url: {error}"))?;
         }
         if self.redis_queue == 0 || self.redis_timeout_ms == 0 {
             return Err("--redis-queue and --redis-timeout-ms must be positive".into());

@@ -83,18 +83,27 @@ fn weight_product(a: Mat<'_>, w: Mat<'_>, c: &mut [f32], ldc: usize) {
 /// multiply-adds, but at least 16 rows' worth: short products are bound by streaming the weights.
 const PARALLEL_MIN_WORK: usize = 1 << 22;
 
-/// A product of a few rows narrower than this stays on one thread: split by columns, its short weight rows
-/// stream worse than one thread streams the whole rows (measured with `--example decode_limit`).
+/// A decode product only one depth block deep and narrower than this stays on one thread: split by columns,
+/// its short weight rows stream worse than one thread streams the whole rows (`--example model_limits`).
 const NARROW_COLUMNS: usize = 4096;
 
-/// [`matmul_rows`] on up to `threads` threads: tall products are split by rows, short ones (decode) by
-/// columns. Neither split changes any element's arithmetic, so the result is bit-identical to one thread.
+/// [`matmul_rows`] on up to `threads` threads: tall products are split by rows; decode products by depth
+/// blocks (each thread streams whole weight rows), or by columns when they are one block deep. No split
+/// changes any element's arithmetic, so the result is bit-identical to one thread.
 pub(crate) fn matmul_rows_parallel(x: &[f32], m: usize, w: Mat<'_>, out: &mut [f32], threads: usize) {
     let (k, n) = (w.rows, w.cols);
     let threads = threads.min(n.div_ceil(64)).max(1);
-    let threads = if m <= gemv::MAX_ROWS && n < NARROW_COLUMNS { 1 } else { threads };
     if threads == 1 || m.max(16) * k * n < PARALLEL_MIN_WORK {
         return matmul_rows(x, m, w, out);
+    }
+    if m <= gemv::MAX_ROWS && gemv::matches_sgemm() {
+        let a = Mat::rows(x, m, k);
+        if k > gemv::KC && gemv::gemv_parallel(a, w, out, n, threads) {
+            return;
+        }
+        if n < NARROW_COLUMNS {
+            return matmul_rows(x, m, w, out);
+        }
     }
     if m >= 32 * threads {
         // Whole 8-row micro-panels per thread.

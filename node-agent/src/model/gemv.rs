@@ -8,6 +8,7 @@
 //! prefill. [`matches_sgemm`] checks that once per process on this CPU (which kernel sgemm picks depends on
 //! the CPU features); when it does not hold, callers keep using sgemm.
 
+use std::ops::Range;
 use std::sync::OnceLock;
 
 use pulp::{Arch, Simd, WithSimd};
@@ -15,7 +16,7 @@ use pulp::{Arch, Simd, WithSimd};
 use super::gemm::{Mat, matmul};
 
 /// sgemm's depth block (matrixmultiply's `S_KC`).
-const KC: usize = 256;
+pub(crate) const KC: usize = 256;
 /// Output columns computed together: long contiguous runs of each weight row keep the hardware prefetcher
 /// streaming, while the accumulators of a few rows stay in L2.
 const TILE: usize = 4096;
@@ -43,6 +44,12 @@ pub(crate) fn matches_sgemm() -> bool {
 ///
 /// Panics if the shapes disagree or a matrix does not fit in its slice.
 pub(crate) fn gemv(a: Mat<'_>, b: Mat<'_>, c: &mut [f32], ldc: usize) -> bool {
+    gemv_parallel(a, b, c, ldc, 1)
+}
+
+/// [`gemv`] on up to `threads` threads, each streaming a contiguous run of whole depth blocks (weight rows);
+/// the block sums are then added in order, exactly as on one thread.
+pub(crate) fn gemv_parallel(a: Mat<'_>, b: Mat<'_>, c: &mut [f32], ldc: usize, threads: usize) -> bool {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     if a.col_stride != 1 || b.col_stride != 1 || m > MAX_ROWS {
         return false;
@@ -51,21 +58,60 @@ pub(crate) fn gemv(a: Mat<'_>, b: Mat<'_>, c: &mut [f32], ldc: usize) -> bool {
     assert!(m == 0 || (m - 1) * a.row_stride + k <= a.data.len(), "gemv: left operand does not fit");
     assert!(k == 0 || n == 0 || (k - 1) * b.row_stride + n <= b.data.len(), "gemv: weights do not fit");
     assert!(m == 0 || n == 0 || (m - 1) * ldc + n <= c.len(), "gemv: output does not fit");
-    if k == 0 {
-        for i in 0..m {
-            c[i * ldc..i * ldc + n].fill(0.0);
+    let ranges = block_ranges(k, threads);
+    let sums: Vec<Vec<f32>> = match ranges.as_slice() {
+        [] => Vec::new(),
+        [only] => vec![block_sums(a, b, only.clone())],
+        [first, rest @ ..] => std::thread::scope(|scope| {
+            let handles: Vec<_> =
+                rest.iter().map(|range| scope.spawn(move || block_sums(a, b, range.clone()))).collect();
+            let mut sums = vec![block_sums(a, b, first.clone())];
+            for handle in handles {
+                match handle.join() {
+                    Ok(part) => sums.push(part),
+                    Err(payload) => std::panic::resume_unwind(payload),
+                }
+            }
+            sums
+        }),
+    };
+    for i in 0..m {
+        let out = &mut c[i * ldc..i * ldc + n];
+        // sgemm stores the first block as 0 + sum, which turns -0 into +0 (and a product with k = 0 is 0).
+        out.fill(0.0);
+        for block in sums.iter().flat_map(|part| part.chunks_exact(m * n)) {
+            out.iter_mut().zip(&block[i * n..(i + 1) * n]).for_each(|(o, s)| *o += *s);
         }
-        return true;
     }
-    Arch::new().dispatch(Kernel { a, b, c, ldc });
     true
 }
 
-struct Kernel<'a, 'c> {
+/// Splits the depth blocks of a `k`-deep product into up to `threads` contiguous runs of about equal depth.
+fn block_ranges(k: usize, threads: usize) -> Vec<Range<usize>> {
+    let blocks = k.div_ceil(KC);
+    let mut bounds: Vec<usize> = (0..=threads.max(1))
+        .map(|t| ((t * k) as f64 / threads.max(1) as f64 / KC as f64).round() as usize)
+        .map(|b| b.min(blocks))
+        .collect();
+    if let Some(last) = bounds.last_mut() {
+        *last = blocks;
+    }
+    bounds.dedup();
+    bounds.windows(2).map(|w| w[0]..w[1]).collect()
+}
+
+/// The sums of depth blocks `blocks`, laid out `[block][row][column]`.
+fn block_sums(a: Mat<'_>, b: Mat<'_>, blocks: Range<usize>) -> Vec<f32> {
+    let mut sums = vec![0.0f32; blocks.len() * a.rows * b.cols];
+    Arch::new().dispatch(Kernel { a, b, blocks, sums: &mut sums });
+    sums
+}
+
+struct Kernel<'a, 's> {
     a: Mat<'a>,
     b: Mat<'a>,
-    c: &'c mut [f32],
-    ldc: usize,
+    blocks: Range<usize>,
+    sums: &'s mut [f32],
 }
 
 impl WithSimd for Kernel<'_, '_> {
@@ -73,14 +119,14 @@ impl WithSimd for Kernel<'_, '_> {
 
     #[inline(always)]
     fn with_simd<S: Simd>(self, simd: S) {
-        let Kernel { a, b, c, ldc } = self;
+        let Kernel { a, b, blocks, sums } = self;
         let (m, k, n) = (a.rows, a.cols, b.cols);
         let mut acc = vec![0.0f32; m * TILE];
         for j0 in (0..n).step_by(TILE) {
             let width = TILE.min(n - j0);
-            for k0 in (0..k).step_by(KC) {
+            for (slot, block) in blocks.clone().enumerate() {
                 acc.fill(0.0);
-                for kk in k0..(k0 + KC).min(k) {
+                for kk in block * KC..((block + 1) * KC).min(k) {
                     let row = &b.data[kk * b.row_stride + j0..kk * b.row_stride + j0 + width];
                     let (row_simd, row_tail) = S::as_simd_f32s(row);
                     for i in 0..m {
@@ -96,14 +142,8 @@ impl WithSimd for Kernel<'_, '_> {
                     }
                 }
                 for i in 0..m {
-                    let out = &mut c[i * ldc + j0..i * ldc + j0 + width];
-                    let block = &acc[i * TILE..i * TILE + width];
-                    if k0 == 0 {
-                        // sgemm stores the first block as 0 + sum, which turns -0 into +0.
-                        out.iter_mut().zip(block).for_each(|(o, s)| *o = 0.0 + *s);
-                    } else {
-                        out.iter_mut().zip(block).for_each(|(o, s)| *o += *s);
-                    }
+                    let at = (slot * m + i) * n + j0;
+                    sums[at..at + width].copy_from_slice(&acc[i * TILE..i * TILE + width]);
                 }
             }
         }
@@ -131,7 +171,21 @@ mod tests {
             matmul(Mat::rows(&x, m, k), b, &mut expected, n);
             assert!(gemv(Mat::rows(&x, m, k), b, &mut got, n));
             assert!(expected.iter().zip(&got).all(|(e, g)| e.to_bits() == g.to_bits()), "{m}x{k}x{n}");
+            for threads in [2, 3, 8] {
+                let mut parallel = vec![0.0; m * n];
+                assert!(gemv_parallel(Mat::rows(&x, m, k), b, &mut parallel, n, threads));
+                assert!(expected.iter().zip(&parallel).all(|(e, g)| e.to_bits() == g.to_bits()), "{threads} threads");
+            }
         }
+    }
+
+    #[test]
+    fn depth_is_split_into_balanced_runs_of_whole_blocks() {
+        assert_eq!(block_ranges(576, 2), vec![0..1, 1..3]);
+        assert_eq!(block_ranges(1536, 2), vec![0..3, 3..6]);
+        assert_eq!(block_ranges(256, 2), vec![0..1]);
+        assert_eq!(block_ranges(600, 8).len(), 3, "never more runs than blocks");
+        assert_eq!(block_ranges(0, 2), Vec::<Range<usize>>::new());
     }
 
     #[test]
