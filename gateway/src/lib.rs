@@ -1,7 +1,7 @@
 //! kvroute's gateway.
 //!
 //! Layout:
-//! - [`tokenizer`]: byte-level BPE tokenizers (built-in cl100k_base, GGUF, tokenizer.json).
+//! - [`tokenizer`]: the `kvroute-tokenizer` crate (byte-level BPE tokenizers), re-exported.
 //! - [`chat`]: deterministic chat rendering with the model's template.
 //! - [`routing`]: the synchronous routing core: prefix index, scoring policies, traffic sketches.
 //! - [`router`]: glue between the async shell and the routing core.
@@ -23,5 +23,5 @@ pub mod routing;
 pub mod run;
 pub mod service;
 pub mod tenants;
-pub mod tokenizer;
+pub use kvroute_tokenizer as tokenizer;
 pub mod upstream;

@@ -58,7 +58,10 @@ fn describe() {
     describe_counter!(EVENTS, "KV events ingested from replicas.");
     describe_histogram!(EVENT_INGEST, Unit::Seconds, "Time to apply one event batch to the index.");
     describe_counter!(RESUBSCRIPTIONS, "Event-stream resubscriptions (gap, new epoch, timeout, error).");
-    describe_counter!(REFUSED_REPLICAS, "Replicas refused for a mismatched model, block size or vocabulary.");
+    describe_counter!(
+        REFUSED_REPLICAS,
+        "Replicas refused for a mismatched model, block size, vocabulary or tokenizer."
+    );
     describe_counter!(RETRIES, "Requests retried on another replica before their first token.");
     describe_counter!(REJECTIONS, "Requests rejected, by reason.");
     describe_gauge!(REPEATED_PREFIX_RATIO, "Fraction of incoming prompt blocks seen recently.");

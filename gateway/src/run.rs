@@ -56,6 +56,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         model_id: args.model_id.clone(),
         block_size: args.block_size,
         vocab_size: tokenizer.vocab_size(),
+        tokenizer_fingerprint: tokenizer.fingerprint().to_string(),
     };
     let pool_config = PoolConfig { heartbeat_timeout: args.heartbeat_timeout(), ..PoolConfig::default() };
     let pool = Pool::new(router.clone() as Arc<dyn IndexSink>, expectations, pool_config);

@@ -249,3 +249,36 @@ fn a_killed_agent_fails_over() {
     let (_, explained) = post(&cluster, "/debug/route", &body);
     assert_ne!(explained["chosen"].as_str().unwrap(), holder);
 }
+
+#[test]
+fn a_replica_whose_tokenizer_differs_is_refused() {
+    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    // The agent serves tiny-random (the built-in tokenizer's vocabulary); the gateway tokenizes with SmolLM2's.
+    let (agent_grpc, agent_metrics) = (addr(), addr());
+    let mut command = Command::new(project_binary("kvroute-node-agent", "node-agent"));
+    command
+        .args(["--model", "tiny-random", "--num-blocks", "64", "--listen", &agent_grpc.to_string()])
+        .args(["--metrics-addr", &agent_metrics.to_string()])
+        .stderr(Stdio::null());
+    let _agent = ChildProcess::spawn("node-agent", &mut command).unwrap();
+    wait_for_tcp(agent_grpc, Duration::from_secs(60)).unwrap();
+    let (http, grpc) = (addr(), addr());
+    let smollm2 = kvroute_test_support::smollm2_path();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
+    command
+        .args(["--http-addr", &http.to_string(), "--grpc-addr", &grpc.to_string(), "--agents", &agent_grpc.to_string()])
+        .arg("--tokenizer")
+        .arg(&smollm2)
+        .stderr(Stdio::null());
+    let _gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
+    wait_for_tcp(http, Duration::from_secs(30)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(http, "kvroute_gateway_replicas_refused_total") < 1.0 {
+        assert!(Instant::now() < deadline, "the replica was never refused");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ready = http_request(http, "GET", "/ready", &[], b"").unwrap();
+    assert_eq!(ready.status, 503, "{}", ready.text());
+    let body = serde_json::from_slice::<Value>(&ready.body).unwrap();
+    assert_eq!(body["healthy_replicas"].as_u64(), Some(0));
+}

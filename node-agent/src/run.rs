@@ -69,8 +69,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             TierInfo { tier: Tier::Host, enabled: args.host_cache_bytes > 0, capacity_bytes: args.host_cache_bytes },
             TierInfo { tier: Tier::Network, enabled: args.network_config().is_some(), capacity_bytes: 0 },
         ],
-        // The agent works on token ids only; gateways check model id, block size and vocabulary size.
-        tokenizer_fingerprint: String::new(),
+        tokenizer_fingerprint: tokenizer_fingerprint(&args.model),
         kv_blocks_total: num_blocks as u64,
         eos_token_ids: model.eos_token_ids().to_vec(),
     };
@@ -148,5 +147,24 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+/// The fingerprint of the tokenizer that goes with the served model, so that gateways with another
+/// tokenizer refuse this agent instead of hashing prompts into blocks it never holds. tiny-random uses the
+/// built-in tokenizer's vocabulary; a GGUF file carries its own. Empty (unchecked) when the file's
+/// tokenizer is not one kvroute can read: the agent itself works on token ids only.
+fn tokenizer_fingerprint(model: &str) -> String {
+    let tokenizer = if model == "tiny-random" {
+        Ok(kvroute_tokenizer::Tokenizer::builtin())
+    } else {
+        kvroute_tokenizer::Tokenizer::from_gguf_path(std::path::Path::new(model))
+    };
+    match tokenizer {
+        Ok(tokenizer) => tokenizer.fingerprint().to_string(),
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the model's tokenizer: gateways will not check theirs against it");
+            String::new()
+        }
     }
 }

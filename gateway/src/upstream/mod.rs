@@ -41,6 +41,8 @@ pub struct Expectations {
     pub block_size: u32,
     /// The gateway tokenizer's vocabulary size: a replica's must not be smaller.
     pub vocab_size: u32,
+    /// The gateway tokenizer's fingerprint: a replica that reports one must report the same.
+    pub tokenizer_fingerprint: String,
 }
 
 /// Subscription settings.
@@ -223,6 +225,13 @@ impl Pool {
         let Ok(mut expected) = self.expectations.write() else { return Err("internal lock poisoned".into()) };
         if info.block_size != expected.block_size {
             return Err(format!("block size {} differs from the gateway's {}", info.block_size, expected.block_size));
+        }
+        if !info.tokenizer_fingerprint.is_empty() && info.tokenizer_fingerprint != expected.tokenizer_fingerprint {
+            return Err(format!(
+                "its model's tokenizer (fingerprint {}) is not the gateway's ({}): the same text would hash to \
+                 different blocks",
+                info.tokenizer_fingerprint, expected.tokenizer_fingerprint
+            ));
         }
         if info.vocab_size < expected.vocab_size {
             return Err(format!(

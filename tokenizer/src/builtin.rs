@@ -1,6 +1,6 @@
 //! The built-in tokenizer: OpenAI's cl100k_base, embedded in the binary.
 //!
-//! The rank file (`gateway/assets/cl100k_base.tiktoken`, see the README
+//! The rank file (`tokenizer/assets/cl100k_base.tiktoken`, see the README
 //! there) holds one `base64(token bytes) rank` pair per line; the rank is the
 //! token id. Special tokens are fixed here, as tiktoken defines them.
 
@@ -12,7 +12,7 @@ use super::pretokenize::PreTokenizer;
 use super::specials::Literal;
 use super::{MergeRule, Parts, Tokenizer, TokenizerError};
 
-const RANKS: &str = include_str!("../../assets/cl100k_base.tiktoken");
+const RANKS: &str = include_str!("../assets/cl100k_base.tiktoken");
 
 const ENDOFTEXT: u32 = 100_257;
 const IM_END: u32 = 100_265;
