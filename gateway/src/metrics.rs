@@ -24,6 +24,7 @@ pub const INDEX_ENTRIES: &str = "kvroute_gateway_index_entries";
 pub const INDEX_BYTES: &str = "kvroute_gateway_index_bytes";
 pub const EVENTS: &str = "kvroute_gateway_kv_events_total";
 pub const EVENT_INGEST: &str = "kvroute_gateway_event_ingest_seconds";
+pub const EVENT_LAG: &str = "kvroute_gateway_event_lag_seconds";
 pub const RESUBSCRIPTIONS: &str = "kvroute_gateway_resubscriptions_total";
 pub const REFUSED_REPLICAS: &str = "kvroute_gateway_replicas_refused_total";
 pub const RETRIES: &str = "kvroute_gateway_retries_total";
@@ -57,6 +58,11 @@ fn describe() {
     describe_gauge!(INDEX_BYTES, "Approximate memory of the prefix index.");
     describe_counter!(EVENTS, "KV events ingested from replicas.");
     describe_histogram!(EVENT_INGEST, Unit::Seconds, "Time to apply one event batch to the index.");
+    describe_histogram!(
+        EVENT_LAG,
+        Unit::Seconds,
+        "Time from an agent sending an event batch to its application to the index (wall clocks; skew included)."
+    );
     describe_counter!(RESUBSCRIPTIONS, "Event-stream resubscriptions (gap, new epoch, timeout, error).");
     describe_counter!(
         REFUSED_REPLICAS,
@@ -110,6 +116,15 @@ pub fn record_index(entries: usize, bytes: usize) {
 pub fn record_event_ingest(events: usize, elapsed: Duration) {
     counter!(EVENTS).increment(events as u64);
     histogram!(EVENT_INGEST).record(elapsed.as_secs_f64());
+}
+
+/// Lag of a batch the agent sent at `sent_unix_micros` (0: unknown, not recorded), measured now.
+pub fn record_event_lag(sent_unix_micros: u64) {
+    if sent_unix_micros == 0 {
+        return;
+    }
+    let now = kvroute_proto::domain::KvEventBatch::now_unix_micros();
+    histogram!(EVENT_LAG).record(now.saturating_sub(sent_unix_micros) as f64 / 1e6);
 }
 
 pub fn record_resubscription() {

@@ -119,6 +119,8 @@ fn repeated_prefix_goes_to_its_holder_and_unrelated_prompts_spread() {
     assert_eq!(status, 200);
     let best = explained["candidates"].as_array().unwrap().iter().map(|c| c["gpu_blocks"].as_u64().unwrap()).max();
     assert_eq!(best, Some(prompt_tokens / 16));
+    // Event batches carry their send time: the gateway measures how far behind the agents its index is.
+    assert!(metric(cluster.http, "kvroute_gateway_event_lag_seconds_count") > 0.0, "event lag is measured");
 }
 
 #[test]

@@ -153,6 +153,7 @@ fn apply_batch_honours_snapshot_and_network_flag() {
         snapshot,
         events,
         load: LoadStats { network_tier_up, ..LoadStats::default() },
+        sent_unix_micros: 0,
     };
     index.apply_batch(0, &batch(false, vec![stored(Tier::Gpu, &a[..1]), stored(Tier::Network, &a)], true)).unwrap();
     assert_eq!(index.lookup(&a, 0).get(0), runs(1, 0, 3));

@@ -342,6 +342,17 @@ pub struct KvEventBatch {
     pub snapshot: bool,
     pub events: Vec<KvEvent>,
     pub load: LoadStats,
+    /// Sender's wall clock at sending, microseconds since the Unix epoch (0: unknown).
+    pub sent_unix_micros: u64,
+}
+
+impl KvEventBatch {
+    /// Microseconds since the Unix epoch now, for [`KvEventBatch::sent_unix_micros`].
+    pub fn now_unix_micros() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX))
+    }
 }
 
 impl TryFrom<pb::KvEventBatch> for KvEventBatch {
@@ -358,6 +369,7 @@ impl TryFrom<pb::KvEventBatch> for KvEventBatch {
             snapshot: wire.snapshot,
             events: wire.events.into_iter().map(KvEvent::try_from).collect::<Result<_, _>>()?,
             load: LoadStats::try_from(load)?,
+            sent_unix_micros: wire.sent_unix_micros,
         })
     }
 }
@@ -371,6 +383,7 @@ impl From<KvEventBatch> for pb::KvEventBatch {
             snapshot: batch.snapshot,
             events: batch.events.into_iter().map(pb::KvEvent::from).collect(),
             load: Some(batch.load.into()),
+            sent_unix_micros: batch.sent_unix_micros,
         }
     }
 }
@@ -655,6 +668,7 @@ mod tests {
                 prefill_tokens_per_second: 10.0,
                 ..Default::default()
             },
+            sent_unix_micros: 1_700_000_000_000_000,
         };
         let wire = pb::KvEventBatch::from(batch.clone());
         assert_eq!(KvEventBatch::try_from(wire).unwrap(), batch);

@@ -115,6 +115,7 @@ async fn subscribe_once(pool: &Pool, replica: &Replica) -> Ended {
             pool.sink.apply(replica.id, &batch.events);
         }
         metrics::record_event_ingest(batch.events.len(), started.elapsed());
+        metrics::record_event_lag(batch.sent_unix_micros);
         pool.sink.load(replica.id, &batch.load);
         let healthy = !batch.load.draining;
         metrics::record_replica_load(&replica.endpoint, &batch.load);

@@ -307,6 +307,7 @@ impl<E: Executor> EngineLoop<E> {
             snapshot: true,
             events: self.engine.snapshot_events(),
             load: self.load(),
+            sent_unix_micros: KvEventBatch::now_unix_micros(),
         };
         if sender.try_send(snapshot).is_ok() {
             self.subscribers.push(Subscriber { sender, seq: 1 });
@@ -319,6 +320,7 @@ impl<E: Executor> EngineLoop<E> {
         }
         let load = self.load();
         let identity = &self.identity;
+        let sent_unix_micros = KvEventBatch::now_unix_micros();
         self.subscribers.retain_mut(|subscriber| {
             let batch = KvEventBatch {
                 agent_id: identity.agent_id.clone(),
@@ -327,6 +329,7 @@ impl<E: Executor> EngineLoop<E> {
                 snapshot: false,
                 events: events.clone(),
                 load: load.clone(),
+                sent_unix_micros,
             };
             subscriber.seq += 1;
             // A full or closed queue ends the subscription; the subscriber
