@@ -30,6 +30,11 @@ fn addr() -> SocketAddr {
 }
 
 fn start(agents: usize) -> Cluster {
+    start_with(agents, &[], &[])
+}
+
+/// [`start`] with extra gateway arguments and headers for its readiness probe.
+fn start_with(agents: usize, gateway_args: &[&str], ready_headers: &[(&str, &str)]) -> Cluster {
     let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let agent_binary = project_binary("kvroute-node-agent", "node-agent");
     let mut started = Vec::new();
@@ -51,12 +56,13 @@ fn start(agents: usize) -> Cluster {
     command
         .args(["--http-addr", &http.to_string(), "--grpc-addr", &grpc.to_string(), "--agents", &list.join(",")])
         .args(["--heartbeat-timeout-ms", "1500"])
+        .args(gateway_args)
         .stderr(Stdio::null());
     let gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
     wait_for_tcp(http, Duration::from_secs(30)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let ready = http_request(http, "GET", "/ready", &[], b"").unwrap();
+        let ready = http_request(http, "GET", "/ready", ready_headers, b"").unwrap();
         let healthy = serde_json::from_slice::<Value>(&ready.body).unwrap()["healthy_replicas"].as_u64().unwrap_or(0);
         if ready.status == 200 && healthy == agents as u64 {
             break;
@@ -283,4 +289,120 @@ fn a_replica_whose_tokenizer_differs_is_refused() {
     assert_eq!(ready.status, 503, "{}", ready.text());
     let body = serde_json::from_slice::<Value>(&ready.body).unwrap();
     assert_eq!(body["healthy_replicas"].as_u64(), Some(0));
+}
+
+/// What is wrong, request headers, raw body, expected status, a fragment of the expected message.
+type BadRequest<'a> = (&'a str, &'a [(&'a str, &'a str)], Vec<u8>, u16, &'a str);
+
+#[test]
+fn bad_input_gets_its_status_and_message_over_http_and_grpc() {
+    let keys = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(keys.path(), "sk-good acme private\n").unwrap();
+    let keys_path = keys.path().to_str().unwrap();
+    let auth = [("Authorization", "Bearer sk-good"), ("Content-Type", "application/json")];
+    let cluster =
+        start_with(1, &["--api-keys", keys_path, "--max-body-bytes", "65536"], &[("Authorization", "Bearer sk-good")]);
+    let huge_prompt = "word ".repeat(6000); // past tiny-random's context once tokenized, under the body limit
+    let too_big = format!("{{\"prompt\": \"{}\"}}", "x".repeat(70_000));
+    let good = &auth[..];
+    let cases: Vec<BadRequest<'_>> = vec![
+        ("invalid JSON", good, b"{not json".to_vec(), 400, ""),
+        ("invalid UTF-8", good, b"{\"prompt\": \"\xff\xfe\"}".to_vec(), 400, ""),
+        ("wrong type", good, br#"{"prompt": "x", "max_tokens": "many"}"#.to_vec(), 400, "max_tokens"),
+        ("missing prompt", good, br#"{"max_tokens": 3}"#.to_vec(), 400, "prompt"),
+        ("empty prompt", good, br#"{"prompt": ""}"#.to_vec(), 400, "prompt"),
+        ("negative max_tokens", good, br#"{"prompt": "x", "max_tokens": -1}"#.to_vec(), 400, "max_tokens"),
+        ("huge max_tokens", good, br#"{"prompt": "x", "max_tokens": 100000000}"#.to_vec(), 400, "max_tokens"),
+        ("token id outside the vocabulary", good, br#"{"prompt": [1, 2, 999999999]}"#.to_vec(), 400, "vocabulary"),
+        ("prompt past the context", good, json!({"prompt": huge_prompt}).to_string().into_bytes(), 400, "context"),
+        ("body past the limit", good, too_big.into_bytes(), 413, ""),
+        ("unknown model", good, br#"{"prompt": "x", "model": "gpt-nope"}"#.to_vec(), 404, "gpt-nope"),
+        ("missing API key", &[("Content-Type", "application/json")], br#"{"prompt": "x"}"#.to_vec(), 401, ""),
+        ("wrong API key", &[("Authorization", "Bearer sk-bad")], br#"{"prompt": "x"}"#.to_vec(), 401, ""),
+    ];
+    for (what, headers, body, status, fragment) in cases {
+        let response = http_request(cluster.http, "POST", "/v1/completions", headers, &body).unwrap();
+        assert_eq!(response.status, status, "{what}: {}", response.text());
+        let error: Value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
+        let message = error["error"]["message"].as_str().unwrap_or_else(|| panic!("{what}: {}", response.text()));
+        assert!(error["error"]["type"].is_string(), "{what}: {error}");
+        assert!(message.contains(fragment), "{what}: {message:?} lacks {fragment:?}");
+        assert!(!message.contains("sk-"), "{what}: the key leaks into {message:?}");
+    }
+
+    // gRPC: the same mistakes, the matching codes.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let key = |request: pb::GenerateRequest, key: &str| {
+            let mut request = tonic::Request::new(request);
+            if !key.is_empty() {
+                request.metadata_mut().insert("authorization", format!("Bearer {key}").parse().unwrap());
+            }
+            request
+        };
+        let text = |text: &str| Some(pb::generate_request::Prompt::Text(text.into()));
+        let ids = |ids: Vec<u32>| Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids }));
+        let cases: Vec<(&str, pb::GenerateRequest, &str, tonic::Code)> = vec![
+            (
+                "empty prompt",
+                pb::GenerateRequest { prompt: text(""), ..Default::default() },
+                "sk-good",
+                tonic::Code::InvalidArgument,
+            ),
+            ("no prompt", pb::GenerateRequest::default(), "sk-good", tonic::Code::InvalidArgument),
+            (
+                "token id outside the vocabulary",
+                pb::GenerateRequest { prompt: ids(vec![1, 999_999_999]), ..Default::default() },
+                "sk-good",
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                "prompt past the context",
+                pb::GenerateRequest { prompt: text(&huge_prompt), ..Default::default() },
+                "sk-good",
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                "huge max_tokens",
+                pb::GenerateRequest { prompt: text("x"), max_tokens: 100_000_000, ..Default::default() },
+                "sk-good",
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                "unknown model",
+                pb::GenerateRequest { prompt: text("x"), model: "gpt-nope".into(), ..Default::default() },
+                "sk-good",
+                tonic::Code::NotFound,
+            ),
+            (
+                "missing API key",
+                pb::GenerateRequest { prompt: text("x"), ..Default::default() },
+                "",
+                tonic::Code::Unauthenticated,
+            ),
+            (
+                "wrong API key",
+                pb::GenerateRequest { prompt: text("x"), ..Default::default() },
+                "sk-bad",
+                tonic::Code::Unauthenticated,
+            ),
+        ];
+        for (what, request, api_key, code) in cases {
+            let mut client = GenerateClient::new(channel.clone());
+            let status = match client.generate(key(request, api_key)).await {
+                Ok(response) => {
+                    let mut stream = response.into_inner();
+                    stream.message().await.expect_err(what)
+                }
+                Err(status) => status,
+            };
+            assert_eq!(status.code(), code, "{what}: {}", status.message());
+            assert!(!status.message().is_empty(), "{what}: a message says what is wrong");
+        }
+    });
 }

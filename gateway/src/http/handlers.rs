@@ -52,8 +52,27 @@ async fn parse_body<T: DeserializeOwned>(state: &AppState, body: Body) -> Result
     if std::str::from_utf8(&bytes).is_err() {
         return Err(ServiceError::bad_request("the request body is not valid UTF-8", None));
     }
-    serde_json::from_slice(&bytes)
-        .map_err(|error| ServiceError::bad_request(format!("invalid request body: {error}"), None))
+    let mut json = serde_json::Deserializer::from_slice(&bytes);
+    let value: serde_json::Value = serde_path_to_error::deserialize(&mut json).map_err(invalid_body)?;
+    from_json(value)
+}
+
+/// Deserializes a request from parsed JSON, naming the offending field on error. The shared parameters are
+/// checked on their own first: a flattened struct hides which of its fields failed.
+fn from_json<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ServiceError> {
+    if value.is_object() {
+        serde_path_to_error::deserialize::<_, CommonParams>(value.clone()).map_err(invalid_body)?;
+    }
+    serde_path_to_error::deserialize(value).map_err(invalid_body)
+}
+
+fn invalid_body<E: std::fmt::Display>(error: serde_path_to_error::Error<E>) -> ServiceError {
+    let path = error.path().to_string();
+    if path == "." {
+        ServiceError::bad_request(format!("invalid request body: {}", error.inner()), None)
+    } else {
+        ServiceError::bad_request(format!("invalid request body: {path}: {}", error.inner()), None)
+    }
 }
 
 /// Validates the fields both endpoints share into a spec (without the prompt).
@@ -394,19 +413,17 @@ pub async fn explain_route(State(state): Shared, headers: HeaderMap, body: Body)
     };
     let common: CommonParams = serde_json::from_value(value.clone()).unwrap_or_default();
     let prompt = if value.get("messages").is_some() {
-        match serde_json::from_value::<ChatCompletionRequest>(value) {
+        match from_json::<ChatCompletionRequest>(value) {
             Ok(request) => state.renderer.render_tokens(&request.messages, &request.tools, true),
-            Err(error) => {
-                return fail(ROUTE, ServiceError::bad_request(format!("invalid request body: {error}"), None));
-            }
+            Err(error) => return fail(ROUTE, error),
         }
         .map_err(|error| ServiceError::bad_request(error.to_string(), Some("messages")))
     } else {
-        match serde_json::from_value::<CompletionRequest>(value) {
+        match from_json::<CompletionRequest>(value) {
             Ok(CompletionRequest { prompt: PromptInput::Text(text), .. }) => Ok(state.gateway.tokenizer.encode(&text)),
             Ok(CompletionRequest { prompt: PromptInput::Tokens(ids), .. }) => Ok(ids),
             Ok(_) => Err(ServiceError::bad_request("batched prompts are not supported", Some("prompt"))),
-            Err(error) => Err(ServiceError::bad_request(format!("invalid request body: {error}"), None)),
+            Err(error) => Err(error),
         }
     };
     let prompt = match prompt {
