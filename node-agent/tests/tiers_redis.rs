@@ -126,6 +126,18 @@ impl Agent {
         }
     }
 
+    fn removed(&mut self, tier: Tier) -> Vec<BlockHash> {
+        self.events
+            .take()
+            .into_iter()
+            .filter_map(|e| match e {
+                KvEvent::Removed { tier: t, hashes } if t == tier => Some(hashes),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
     fn stored(&mut self, tier: Tier) -> Vec<BlockHash> {
         let mut events = self.events.take();
         events.extend(self.engine.take_tier_events());
@@ -406,4 +418,25 @@ async fn the_redis_client_logs_in_selects_the_database_and_reports_refusals() {
     let error = db3.run(&[Op::Get("big".into())]).await.unwrap_err().to_string();
     assert!(error.contains("exceeds"), "{error}");
     assert!(RespPool::from_url("unix:///tmp/redis.sock", 1024).is_err(), "only TCP");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_gone_from_redis_is_reported_removed() {
+    let redis = RedisServer::start();
+    let target = prompt(9, 22);
+    let cold = agent(64, 0, None).run(&target, b"").await;
+    let mut a = agent(12, 0, Some(redis.url()));
+    a.run(&target, b"").await;
+    a.churn(4).await;
+    wait_for_writes(a.network.as_ref().unwrap()).await;
+    // Block 2 expires (or Redis evicts it): no event tells anyone.
+    let hashes = BlockHasher::new(4, "tiny-random", b"").hashes(&target);
+    let key = a.network.as_ref().unwrap().key(&hashes[2]);
+    redis.command(&[b"DEL", key.as_bytes()]).unwrap();
+    // The next agent to look for it finds the gap, serves what precedes it, and reports the block gone.
+    let mut b = agent(64, 0, Some(redis.url()));
+    let result = b.run(&target, b"").await;
+    assert_eq!(result.cached_tokens, 8);
+    assert_same(&cold, &result);
+    assert_eq!(b.removed(Tier::Network), vec![hashes[2]]);
 }

@@ -246,7 +246,12 @@ impl NetworkTier {
             out.extend(window.blocks);
             match window.end {
                 None => {}
-                Some(WindowEnd::Miss) => break,
+                Some(WindowEnd::Miss(hash)) => {
+                    // Gone although this or another agent once stored it (expired or evicted by Redis, or never
+                    // written): say so, so that gateways stop counting on it.
+                    (shared.events)(KvEvent::Removed { tier: Tier::Network, hashes: vec![hash] });
+                    break;
+                }
                 Some(WindowEnd::Failed(reason)) => {
                     shared.failed(&reason).await;
                     break;
@@ -276,7 +281,8 @@ struct Window {
 }
 
 enum WindowEnd {
-    Miss,
+    /// The first block of the window that the tier does not hold.
+    Miss(BlockHash),
     Failed(String),
     Corrupt(BlockHash, block_record::RecordError),
 }
@@ -291,7 +297,7 @@ async fn fetch_window(shared: Arc<Shared>, mut connection: Connection, window: V
     };
     let mut blocks = Vec::with_capacity(window.len());
     for (hash, reply) in window.iter().zip(replies) {
-        let Reply::Bulk(Some(mut record)) = reply else { return Window { blocks, end: Some(WindowEnd::Miss) } };
+        let Reply::Bulk(Some(mut record)) = reply else { return Window { blocks, end: Some(WindowEnd::Miss(*hash)) } };
         let expected = Expected {
             fingerprint: &shared.fingerprint,
             block_size: shared.block_size,
