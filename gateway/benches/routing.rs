@@ -1,6 +1,7 @@
 //! The routing core at fleet scale: prefix-index lookup of a 2,000-token prompt
 //! with 64 replicas and 1,000,000 indexed blocks, the whole routing decision
-//! from token ids, event ingestion into a full index, and memory per entry.
+//! from token ids and from text (2,000 and 8,000 tokens), event ingestion into a full index, and memory per
+//! entry.
 //! Criterion reports means; p50/p99 come from a loop of single timed calls.
 //! "Hot" repeats one prompt (its entries stay in cache, like a popular system
 //! prompt); "cold" walks a different fully indexed chain each time.
@@ -96,6 +97,20 @@ fn views() -> Vec<ReplicaView> {
         .collect()
 }
 
+/// English prose of at least `tokens` tokens.
+fn english_text(tokenizer: &kvroute_gateway::tokenizer::Tokenizer, tokens: usize) -> String {
+    const PARAGRAPH: &str = "The harbour master kept a ledger of every ship that entered the bay, noting its \
+        cargo, its crew and the weather it had met. In winter the entries grew short and cramped; in summer they \
+        ran to pages, with sketches of sails in the margins and the prices of fish at the quay. ";
+    let mut text = String::new();
+    let mut round = 0;
+    while tokenizer.encode(&text).len() < tokens {
+        text.push_str(&format!("Entry {round}. {PARAGRAPH}"));
+        round += 1;
+    }
+    text
+}
+
 /// Times `runs` single calls and prints mean, p50, p99 and max.
 fn percentiles(label: &str, runs: usize, mut call: impl FnMut()) {
     let mut samples: Vec<Duration> = Vec::with_capacity(runs);
@@ -165,6 +180,25 @@ fn routing(c: &mut Criterion) {
     percentiles("routing decision from 2,000 token ids (hash + lookup + cache_aware, 64 replicas)", 50_000, || {
         decide(&mut rng);
     });
+
+    // The whole decision from text: tokenize (built-in BPE, nothing cached), hash, look up, score.
+    let tokenizer = kvroute_gateway::tokenizer::Tokenizer::builtin();
+    for target in [2_000usize, 8_000] {
+        let text = english_text(&tokenizer, target);
+        let from_text = |rng: &mut SplitMix64| {
+            let ids = tokenizer.encode(black_box(&text));
+            let hashes = hasher.hashes(&ids);
+            let lookup = index.lookup(&hashes, 0);
+            let request = RouteRequest { hashes: &hashes, prompt_tokens: ids.len(), session_key: None };
+            black_box(cache_aware(&request, &replicas, &lookup, &config, rng))
+        };
+        c.bench_function(&format!("decision_from_text_{target}_tokens_64_replicas"), |b| {
+            b.iter(|| from_text(&mut rng))
+        });
+        percentiles(&format!("routing decision from text, {target} tokens ({} bytes)", text.len()), 2_000, || {
+            from_text(&mut rng);
+        });
+    }
 
     // Ingestion into the full index: every stored block is new and evicts one.
     let mut group = c.benchmark_group("ingestion");
