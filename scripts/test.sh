@@ -21,6 +21,9 @@ fi
 
 echo "== fetching the demo model"
 scripts/fetch-model.sh
+echo "== the official OpenAI Python client, for the compatibility test"
+KVROUTE_OPENAI_PYTHON=$(scripts/openai-python.sh)
+export KVROUTE_OPENAI_PYTHON
 
 started=$SECONDS
 took() { echo "   ($1 took $((SECONDS - started)) s)"; started=$SECONDS; }

@@ -406,3 +406,36 @@ fn bad_input_gets_its_status_and_message_over_http_and_grpc() {
         }
     });
 }
+
+/// The Python interpreter with the official OpenAI client (`scripts/openai-python.sh` sets it up).
+fn openai_python() -> std::path::PathBuf {
+    if let Some(python) = std::env::var_os("KVROUTE_OPENAI_PYTHON") {
+        return python.into();
+    }
+    let script = kvroute_test_support::repo_root().join("scripts/openai-python.sh");
+    let output = Command::new(&script).stderr(Stdio::inherit()).output().unwrap();
+    assert!(output.status.success(), "{} failed: the OpenAI client library is needed for this test", script.display());
+    String::from_utf8(output.stdout).unwrap().trim().into()
+}
+
+#[test]
+fn the_official_openai_python_client_works_unchanged() {
+    let python = openai_python();
+    let cluster = start(2);
+    let script = kvroute_test_support::repo_root().join("gateway/tests/clients/openai_python.py");
+    let output = Command::new(python).arg(script).arg(format!("http://{}/v1", cluster.http)).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the client failed:\n{stderr}");
+    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(seen["model"], "tiny-random");
+    assert_eq!(seen["completion_again_text"], seen["completion_text"], "greedy: the same text from the cache");
+    let prompt_tokens = seen["completion_prompt_tokens"].as_u64().unwrap();
+    assert_eq!(seen["completion_again_cached"].as_u64().unwrap(), (prompt_tokens - 1) / 16 * 16, "{seen}");
+    assert_eq!(seen["chat_role"], "assistant");
+    assert_eq!(seen["chat_content_is_text"], true);
+    assert_eq!(seen["chat_completion_tokens"], 6);
+    assert!(seen["stream_chunks"].as_u64().unwrap() >= 1, "{seen}");
+    assert_eq!(seen["stream_completion_tokens"], 5);
+    assert_eq!(seen["unknown_model"], 404);
+    assert_eq!(seen["negative_max_tokens"], 400);
+}
