@@ -1,0 +1,324 @@
+//! Sends a workload to a gateway over HTTP (OpenAI API, streaming) and records every request's
+//! [`Outcome`]. Sessions run their turns in order and resend the history with the replies they received;
+//! arrivals are open-loop (each session or trace request starts at its own time) unless a concurrency bound
+//! makes the run closed-loop. A run stops starting requests at its duration or request budget.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio::sync::{Mutex, Semaphore};
+
+use crate::report::Outcome;
+use crate::trace::TraceRequest;
+use crate::workload::Session;
+
+/// Where requests go.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub host: String,
+    pub port: u16,
+    pub api_key: Option<String>,
+    /// The `model` field; None sends none (the gateway's default).
+    pub model: Option<String>,
+    /// Upper bound on one request, first byte to last.
+    pub timeout: Duration,
+}
+
+impl Target {
+    /// From `http://host:port` (a trailing `/v1` or `/` is accepted).
+    pub fn from_url(url: &str) -> Result<Target, String> {
+        let rest = url.strip_prefix("http://").ok_or_else(|| format!("{url:?}: only http:// URLs are supported"))?;
+        let authority = rest.split('/').next().unwrap_or_default();
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((host, port)) => (host, port.parse::<u16>().map_err(|_| format!("{url:?}: bad port"))?),
+            None => (authority, 80),
+        };
+        if host.is_empty() {
+            return Err(format!("{url:?}: no host"));
+        }
+        Ok(Target { host: host.into(), port, api_key: None, model: None, timeout: Duration::from_secs(300) })
+    }
+}
+
+/// When a run stops starting requests, and how many may run at once.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub duration: Duration,
+    pub max_requests: usize,
+    /// Closed loop: at most this many sessions (or trace requests) at once, started as soon as one ends.
+    pub concurrency: Option<usize>,
+}
+
+/// Counters a progress display reads while the run goes on.
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub started: AtomicUsize,
+    pub finished: AtomicUsize,
+    pub failed: AtomicUsize,
+}
+
+struct Run {
+    target: Target,
+    limits: Limits,
+    begun: Instant,
+    progress: Arc<Progress>,
+    outcomes: Mutex<Vec<Outcome>>,
+    gate: Option<Semaphore>,
+}
+
+impl Run {
+    fn new(target: Target, limits: Limits, progress: Arc<Progress>) -> Arc<Run> {
+        let gate = limits.concurrency.map(|n| Semaphore::new(n.max(1)));
+        Arc::new(Run { target, limits, begun: Instant::now(), progress, outcomes: Mutex::new(Vec::new()), gate })
+    }
+
+    /// Takes one request from the budget; false once the run is over.
+    fn admit(&self) -> bool {
+        self.begun.elapsed() < self.limits.duration
+            && self.progress.started.fetch_add(1, Ordering::Relaxed) < self.limits.max_requests
+    }
+
+    async fn record(&self, outcome: Outcome) {
+        if outcome.error.is_some() {
+            self.progress.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        self.progress.finished.fetch_add(1, Ordering::Relaxed);
+        self.outcomes.lock().await.push(outcome);
+    }
+
+    /// Waits for the start offset (open loop) or for a free slot (closed loop).
+    async fn wait_turn(&self, start_ms: u64) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        match &self.gate {
+            Some(gate) => gate.acquire().await.ok(),
+            None => {
+                tokio::time::sleep_until((self.begun + Duration::from_millis(start_ms)).into()).await;
+                None
+            }
+        }
+    }
+}
+
+/// Runs sessions of chat turns; returns every request's outcome and the run's length in seconds.
+pub async fn run_sessions(
+    target: Target,
+    sessions: Vec<Session>,
+    limits: Limits,
+    progress: Arc<Progress>,
+) -> (Vec<Outcome>, f64) {
+    let run = Run::new(target, limits, progress);
+    let tasks: Vec<_> = sessions.into_iter().map(|session| tokio::spawn(session_task(run.clone(), session))).collect();
+    for task in tasks {
+        let _ = task.await;
+    }
+    let seconds = run.begun.elapsed().as_secs_f64();
+    (std::mem::take(&mut *run.outcomes.lock().await), seconds)
+}
+
+async fn session_task(run: Arc<Run>, session: Session) {
+    let _slot = run.wait_turn(session.start_ms).await;
+    let mut history: Vec<Value> = Vec::new();
+    for turn in &session.turns {
+        tokio::time::sleep(Duration::from_millis(turn.think_ms)).await;
+        if !run.admit() {
+            return;
+        }
+        let system = turn.system.as_deref().unwrap_or(&session.system);
+        let mut messages = vec![json!({"role": "system", "content": system})];
+        messages.extend(history.iter().cloned());
+        messages.push(json!({"role": "user", "content": turn.user}));
+        let mut body = json!({
+            "messages": messages,
+            "max_tokens": turn.max_tokens,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        if !session.tools.is_empty() {
+            body["tools"] = Value::Array(session.tools.clone());
+        }
+        let (outcome, reply) = stream_request(&run.target, "/v1/chat/completions", body).await;
+        let failed = outcome.error.is_some();
+        run.record(outcome).await;
+        if failed {
+            return;
+        }
+        history.push(json!({"role": "user", "content": turn.user}));
+        history.push(json!({"role": "assistant", "content": reply}));
+    }
+}
+
+/// How a trace is replayed.
+#[derive(Clone, Copy, Debug)]
+pub struct TraceScale {
+    /// Multiplies the gaps between arrivals (0.5 replays twice as fast).
+    pub time: f64,
+    /// Multiplies prompt and output lengths (at most 1: a prompt can only be cut).
+    pub length: f64,
+    /// Vocabulary of the served model, for the prompts' token ids.
+    pub vocab_size: u32,
+}
+
+/// Replays trace requests as token-id completions.
+pub async fn run_trace(
+    target: Target,
+    requests: Vec<TraceRequest>,
+    scale: TraceScale,
+    limits: Limits,
+    progress: Arc<Progress>,
+) -> (Vec<Outcome>, f64) {
+    let run = Run::new(target, limits, progress);
+    let tasks: Vec<_> = requests
+        .into_iter()
+        .map(|request| {
+            let run = run.clone();
+            tokio::spawn(async move {
+                let start_ms = (request.timestamp_ms as f64 * scale.time) as u64;
+                let _slot = run.wait_turn(start_ms).await;
+                if !run.admit() {
+                    return;
+                }
+                let mut tokens = request.prompt_tokens(scale.vocab_size);
+                let keep = ((tokens.len() as f64 * scale.length.min(1.0)).ceil() as usize).max(1);
+                tokens.truncate(keep);
+                let max_tokens = ((f64::from(request.output_length) * scale.length).round() as u32).max(1);
+                let body = json!({
+                    "prompt": tokens,
+                    "max_tokens": max_tokens,
+                    "stream": true,
+                    "stream_options": {"include_usage": true},
+                });
+                let (outcome, _) = stream_request(&run.target, "/v1/completions", body).await;
+                run.record(outcome).await;
+            })
+        })
+        .collect();
+    for task in tasks {
+        let _ = task.await;
+    }
+    let seconds = run.begun.elapsed().as_secs_f64();
+    (std::mem::take(&mut *run.outcomes.lock().await), seconds)
+}
+
+/// Sends one streaming request; returns its outcome and the generated text.
+pub async fn stream_request(target: &Target, path: &str, mut body: Value) -> (Outcome, String) {
+    if let Some(model) = &target.model {
+        body["model"] = Value::String(model.clone());
+    }
+    let started = Instant::now();
+    let result = tokio::time::timeout(target.timeout, exchange(target, path, body, started)).await;
+    let total = started.elapsed().as_secs_f64();
+    match result {
+        Ok(Ok((mut outcome, text))) => {
+            outcome.total = total;
+            (outcome, text)
+        }
+        Ok(Err(kind)) => (Outcome { total, error: Some(kind), ..Outcome::default() }, String::new()),
+        Err(_) => (Outcome { total, error: Some("timeout".into()), ..Outcome::default() }, String::new()),
+    }
+}
+
+async fn exchange(target: &Target, path: &str, body: Value, started: Instant) -> Result<(Outcome, String), String> {
+    let stream = TcpStream::connect((target.host.as_str(), target.port)).await.map_err(|_| "connect".to_string())?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|_| "connect".to_string())?;
+    tokio::spawn(connection);
+    let mut request = Request::post(path)
+        .header("host", format!("{}:{}", target.host, target.port))
+        .header("content-type", "application/json");
+    if let Some(key) = &target.api_key {
+        request = request.header("authorization", format!("Bearer {key}"));
+    }
+    let request = request.body(Full::new(Bytes::from(body.to_string()))).map_err(|_| "request".to_string())?;
+    let response = sender.send_request(request).await.map_err(|_| "send".to_string())?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(format!("http-{}", status.as_u16()));
+    }
+    let mut body = response.into_body();
+    let mut events = SseLines::default();
+    let mut outcome = Outcome::default();
+    let mut text = String::new();
+    let mut done = false;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| "stream".to_string())?;
+        let Some(data) = frame.data_ref() else { continue };
+        for event in events.push(data) {
+            if event == "[DONE]" {
+                done = true;
+                continue;
+            }
+            let Ok(chunk) = serde_json::from_str::<Value>(&event) else { return Err("stream".into()) };
+            if chunk.get("error").is_some() {
+                return Err("stream-error".into());
+            }
+            let choice = &chunk["choices"][0];
+            let piece = choice["delta"]["content"].as_str().or_else(|| choice["text"].as_str()).unwrap_or("");
+            if !piece.is_empty() {
+                outcome.ttft.get_or_insert(started.elapsed().as_secs_f64());
+                text.push_str(piece);
+            }
+            if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
+                outcome.prompt_tokens = usage["prompt_tokens"].as_u64().unwrap_or(0);
+                outcome.completion_tokens = usage["completion_tokens"].as_u64().unwrap_or(0);
+                outcome.cached_tokens = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+            }
+        }
+    }
+    if !done {
+        return Err("stream-truncated".into());
+    }
+    Ok((outcome, text))
+}
+
+/// Splits a byte stream of server-sent events into the payloads of their `data:` lines.
+#[derive(Debug, Default)]
+pub struct SseLines {
+    pending: Vec<u8>,
+}
+
+impl SseLines {
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+        self.pending.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        while let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line);
+            if let Some(data) = line.trim_end_matches(['\r', '\n']).strip_prefix("data:") {
+                out.push(data.trim_start().to_string());
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_host_and_port() {
+        let target = Target::from_url("http://127.0.0.1:8080/v1").unwrap();
+        assert_eq!((target.host.as_str(), target.port), ("127.0.0.1", 8080));
+        assert_eq!(Target::from_url("http://gateway").unwrap().port, 80);
+        assert!(Target::from_url("https://x:1").is_err());
+        assert!(Target::from_url("http://:1").is_err());
+        assert!(Target::from_url("http://x:port").is_err());
+    }
+
+    #[test]
+    fn sse_payloads_survive_any_split() {
+        let stream = b"data: {\"a\":1}\n\n: comment\ndata: [DONE]\r\n\r\n";
+        for cut in 0..stream.len() {
+            let mut lines = SseLines::default();
+            let mut got = lines.push(&stream[..cut]);
+            got.extend(lines.push(&stream[cut..]));
+            assert_eq!(got, vec!["{\"a\":1}".to_string(), "[DONE]".to_string()], "cut at {cut}");
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! kvroute-load against a real gateway in front of a real node-agent, over loopback: a chat workload and a
+//! trace replay complete without errors, and the multi-turn chat reports cached prompt tokens (each turn
+//! resends a history whose prefix the agent already holds).
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvroute_test_support::{ChildProcess, free_port, http_request, project_binary, wait_for_tcp};
+use serde_json::Value;
+
+fn addr() -> SocketAddr {
+    format!("127.0.0.1:{}", free_port()).parse().unwrap()
+}
+
+#[test]
+fn chat_and_trace_runs_report_what_they_measured() {
+    let (agent, metrics) = (addr(), addr());
+    let mut command = Command::new(project_binary("kvroute-node-agent", "node-agent"));
+    command
+        .args(["--model", "tiny-random", "--num-blocks", "1024", "--listen", &agent.to_string()])
+        .args(["--metrics-addr", &metrics.to_string()])
+        .stderr(Stdio::null());
+    let _agent = ChildProcess::spawn("node-agent", &mut command).unwrap();
+    wait_for_tcp(agent, Duration::from_secs(60)).unwrap();
+    let (http, grpc) = (addr(), addr());
+    let mut command = Command::new(project_binary("kvroute-gateway", "gateway"));
+    command
+        .args(["--http-addr", &http.to_string(), "--grpc-addr", &grpc.to_string(), "--agents", &agent.to_string()])
+        .stderr(Stdio::null());
+    let _gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !http_request(http, "GET", "/ready", &[], b"").is_ok_and(|r| r.status == 200) {
+        assert!(Instant::now() < deadline, "the gateway did not get ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let load = project_binary("kvroute-bench", "kvroute-load");
+    let run = |args: &[&str]| -> Value {
+        let output =
+            Command::new(&load).args(["--url", &format!("http://{http}"), "--json"]).args(args).output().unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+
+    let chat = run(&["--workload", "chat", "--sessions", "3", "--turns", "3", "--rate", "20", "--think-ms", "10"]);
+    assert_eq!(chat["requests"], 9, "{chat}");
+    assert_eq!(chat["succeeded"], 9, "{chat}");
+    assert!(chat["errors"].as_object().unwrap().is_empty(), "{chat}");
+    assert!(chat["cached_fraction"].as_f64().unwrap() > 0.3, "turns resend a cached history: {chat}");
+    assert!(chat["ttft"]["p50_ms"].as_f64().unwrap() > 0.0);
+    assert!(chat["output_tokens_per_second"].as_f64().unwrap() > 0.0);
+
+    let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/mooncake_conversation_trace.jsonl");
+    let replay = run(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--max-requests",
+        "6",
+        "--time-scale",
+        "0",
+        "--length-scale",
+        "0.02",
+        "--vocab-size",
+        "50000",
+        "--concurrency",
+        "2",
+    ]);
+    assert_eq!(replay["requests"], 6, "{replay}");
+    assert_eq!(replay["succeeded"], 6, "{replay}");
+    // Every trace request starts with the shared system unit: later ones find its blocks cached.
+    assert!(replay["cached_tokens"].as_u64().unwrap() > 0, "{replay}");
+}
