@@ -305,22 +305,30 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
 }
 
-/// A built binary of the project (`gateway`, `node-agent`), built on demand
-/// with the same cargo that runs the tests, so a test never runs a stale one.
+/// A built binary of the project (`gateway`, `node-agent`, `kvroute-load`), so a test never runs a stale one.
+///
+/// Builds every test target of the workspace once per test process (`cargo test --workspace --no-run`): that
+/// builds every package's binaries with the dependency features `cargo test --workspace` uses, so under the
+/// README's test command it does nothing new, where `cargo build -p PACKAGE` would compile the dependencies
+/// again for a smaller feature set.
 pub fn project_binary(package: &str, name: &str) -> PathBuf {
-    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = BUILD.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    static BUILT: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    let mut built = BUILT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let root = repo_root();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
-        .current_dir(&root)
-        .args(["build", "--quiet", "-p", package, "--bin", name])
-        .status()
-        .expect("run cargo build");
-    assert!(status.success(), "cargo build -p {package} --bin {name} failed");
+    if !*built {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .current_dir(&root)
+            .args(["test", "--workspace", "--no-run", "--quiet"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("run cargo test --no-run");
+        assert!(status.success(), "cargo test --workspace --no-run failed (building {package}'s {name})");
+        *built = true;
+    }
     let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
     let path = target.join("debug").join(name);
-    assert!(path.is_file(), "{} was not built", path.display());
+    assert!(path.is_file(), "{} was not built (is {name} a binary of {package}?)", path.display());
     path
 }
 
