@@ -162,6 +162,16 @@ async fn wait_for_writes(network: &NetworkTier) {
     }
 }
 
+/// Waits up to `seconds` for the tier to report itself up (or down); the caller asserts the outcome.
+async fn wait_for_tier(network: &NetworkTier, up: bool, seconds: u64) {
+    for _ in 0..seconds * 10 {
+        if network.is_up() == up {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn assert_same(a: &Received, b: &Received) {
     assert_eq!(a.tokens, b.tokens);
     assert!(a.logits == b.logits, "logits are not bit-identical");
@@ -251,12 +261,7 @@ async fn redis_down_at_start_then_back_never_fails_a_request() {
     let redis = RedisServer::start_on_port(port);
     let network = a.network.clone().unwrap();
     // The tier probes in the background: it comes back without any traffic.
-    for _ in 0..100 {
-        if network.is_up() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_tier(&network, true, 10).await;
     assert!(network.is_up(), "the tier reconnected");
     a.run(&target, b"").await;
     a.churn(4).await;
@@ -273,20 +278,10 @@ async fn redis_down_at_start_then_back_never_fails_a_request() {
         a.churn(2).await;
         assert_same(&cold, &a.run(&target, b"").await);
     }
-    for _ in 0..50 {
-        if !network.is_up() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_tier(&network, false, 5).await;
     assert!(!network.is_up(), "a dead Redis is reported down");
     redis.restart();
-    for _ in 0..100 {
-        if network.is_up() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_tier(&network, true, 10).await;
     assert!(network.is_up(), "and up again once it is back");
 }
 
@@ -344,12 +339,7 @@ async fn slow_or_failing_redis_never_fails_a_request() {
     assert_same(&cold, &frozen);
 
     // Refusing writes (out of memory, no eviction): spills fail, requests do not.
-    for _ in 0..100 {
-        if network.is_up() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_tier(&network, true, 10).await;
     assert!(network.is_up(), "the tier came back after the freeze");
     redis.command(&[b"CONFIG", b"SET", b"maxmemory-policy", b"noeviction"]).unwrap();
     redis.command(&[b"CONFIG", b"SET", b"maxmemory", b"1"]).unwrap();
@@ -360,12 +350,7 @@ async fn slow_or_failing_redis_never_fails_a_request() {
         assert_same(&cold, &a.run(&target, b"").await);
     }
     redis.command(&[b"CONFIG", b"SET", b"maxmemory", b"0"]).unwrap();
-    for _ in 0..100 {
-        if network.is_up() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_tier(&network, true, 10).await;
     assert!(network.is_up(), "the tier recovers once Redis accepts writes again");
 }
 

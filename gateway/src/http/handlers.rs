@@ -12,6 +12,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use kvroute_proto::domain::{FinishReason, SamplingParams};
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
@@ -53,26 +54,39 @@ async fn parse_body<T: DeserializeOwned>(state: &AppState, body: Body) -> Result
         return Err(ServiceError::bad_request("the request body is not valid UTF-8", None));
     }
     let mut json = serde_json::Deserializer::from_slice(&bytes);
-    let value: serde_json::Value = serde_path_to_error::deserialize(&mut json).map_err(invalid_body)?;
-    from_json(value)
+    match serde_path_to_error::deserialize::<_, T>(&mut json) {
+        Ok(request) => json.end().map(|()| request).map_err(|error| bad_body(&error)),
+        Err(error) => Err(explain(error, serde_json::from_slice(&bytes).ok().as_ref())),
+    }
 }
 
-/// Deserializes a request from parsed JSON, naming the offending field on error. The shared parameters are
-/// checked on their own first: a flattened struct hides which of its fields failed.
-fn from_json<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ServiceError> {
-    if value.is_object() {
-        serde_path_to_error::deserialize::<_, CommonParams>(value.clone()).map_err(invalid_body)?;
+/// Deserializes a request from parsed JSON, naming the offending field on error.
+fn from_json<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, ServiceError> {
+    serde_path_to_error::deserialize::<_, T>(value).map_err(|error| explain(error, Some(value)))
+}
+
+/// The error of a body that did not deserialize. A flattened struct hides which of its fields failed, so
+/// when the error has no path, the shared parameters are checked on their own to name the field.
+fn explain<E: std::fmt::Display>(
+    error: serde_path_to_error::Error<E>,
+    value: Option<&serde_json::Value>,
+) -> ServiceError {
+    if error.path().to_string() == "."
+        && let Some(value) = value.filter(|value| value.is_object())
+        && let Err(common) = serde_path_to_error::deserialize::<_, CommonParams>(value)
+    {
+        return invalid_body(common);
     }
-    serde_path_to_error::deserialize(value).map_err(invalid_body)
+    invalid_body(error)
+}
+
+fn bad_body(error: &dyn std::fmt::Display) -> ServiceError {
+    ServiceError::bad_request(format!("invalid request body: {error}"), None)
 }
 
 fn invalid_body<E: std::fmt::Display>(error: serde_path_to_error::Error<E>) -> ServiceError {
     let path = error.path().to_string();
-    if path == "." {
-        ServiceError::bad_request(format!("invalid request body: {}", error.inner()), None)
-    } else {
-        ServiceError::bad_request(format!("invalid request body: {path}: {}", error.inner()), None)
-    }
+    if path == "." { bad_body(error.inner()) } else { bad_body(&format!("{path}: {}", error.inner())) }
 }
 
 /// Validates the fields both endpoints share into a spec (without the prompt).
@@ -411,15 +425,15 @@ pub async fn explain_route(State(state): Shared, headers: HeaderMap, body: Body)
         Ok(value) => value,
         Err(error) => return fail(ROUTE, error),
     };
-    let common: CommonParams = serde_json::from_value(value.clone()).unwrap_or_default();
+    let common: CommonParams = CommonParams::deserialize(&value).unwrap_or_default();
     let prompt = if value.get("messages").is_some() {
-        match from_json::<ChatCompletionRequest>(value) {
+        match from_json::<ChatCompletionRequest>(&value) {
             Ok(request) => state.renderer.render_tokens(&request.messages, &request.tools, true),
             Err(error) => return fail(ROUTE, error),
         }
         .map_err(|error| ServiceError::bad_request(error.to_string(), Some("messages")))
     } else {
-        match from_json::<CompletionRequest>(value) {
+        match from_json::<CompletionRequest>(&value) {
             Ok(CompletionRequest { prompt: PromptInput::Text(text), .. }) => Ok(state.gateway.tokenizer.encode(&text)),
             Ok(CompletionRequest { prompt: PromptInput::Tokens(ids), .. }) => Ok(ids),
             Ok(_) => Err(ServiceError::bad_request("batched prompts are not supported", Some("prompt"))),
