@@ -35,6 +35,11 @@ fn start(agents: usize) -> Cluster {
 
 /// [`start`] with extra gateway arguments and headers for its readiness probe.
 fn start_with(agents: usize, gateway_args: &[&str], ready_headers: &[(&str, &str)]) -> Cluster {
+    start_serving("tiny-random", agents, gateway_args, ready_headers)
+}
+
+/// [`start_with`] serving `model` (`tiny-random` or a GGUF file, whose tokenizer the gateway then uses).
+fn start_serving(model: &str, agents: usize, gateway_args: &[&str], ready_headers: &[(&str, &str)]) -> Cluster {
     let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let agent_binary = project_binary("kvroute-node-agent", "node-agent");
     let mut started = Vec::new();
@@ -42,7 +47,7 @@ fn start_with(agents: usize, gateway_args: &[&str], ready_headers: &[(&str, &str
         let (grpc, metrics) = (addr(), addr());
         let mut command = Command::new(&agent_binary);
         command
-            .args(["--model", "tiny-random", "--num-blocks", "512", "--agent-id", &format!("agent-{i}")])
+            .args(["--model", model, "--num-blocks", "512", "--agent-id", &format!("agent-{i}")])
             .args(["--listen", &grpc.to_string(), "--metrics-addr", &metrics.to_string()])
             .stderr(Stdio::null());
         started.push((ChildProcess::spawn("node-agent", &mut command).unwrap(), grpc, metrics));
@@ -57,6 +62,7 @@ fn start_with(agents: usize, gateway_args: &[&str], ready_headers: &[(&str, &str
         .args(["--http-addr", &http.to_string(), "--grpc-addr", &grpc.to_string(), "--agents", &list.join(",")])
         .args(["--heartbeat-timeout-ms", "1500"])
         .args(gateway_args)
+        .args(if model == "tiny-random" { vec![] } else { vec!["--tokenizer", model] })
         .stderr(Stdio::null());
     let gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
     wait_for_tcp(http, Duration::from_secs(30)).unwrap();
@@ -74,10 +80,17 @@ fn start_with(agents: usize, gateway_args: &[&str], ready_headers: &[(&str, &str
 }
 
 fn post(cluster: &Cluster, path: &str, body: &Value) -> (u16, Value) {
-    let response =
-        http_request(cluster.http, "POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
-            .unwrap();
+    post_with(cluster, &[], path, body)
+}
+
+fn post_with(cluster: &Cluster, headers: &[(&str, &str)], path: &str, body: &Value) -> (u16, Value) {
+    let headers = [headers, &[("Content-Type", "application/json")]].concat();
+    let response = http_request(cluster.http, "POST", path, &headers, body.to_string().as_bytes()).unwrap();
     (response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null))
+}
+
+fn cached_tokens(response: &Value) -> u64 {
+    response["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
 }
 
 fn metric(addr: SocketAddr, name: &str) -> f64 {
@@ -107,7 +120,7 @@ fn repeated_prefix_goes_to_its_holder_and_unrelated_prompts_spread() {
     for _ in 0..3 {
         let (status, again) = post(&cluster, "/v1/completions", &body);
         assert_eq!(status, 200);
-        let cached = again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        let cached = cached_tokens(&again);
         assert_eq!(cached, (prompt_tokens - 1) / 16 * 16, "the repeat lands on the replica holding the prefix");
         assert_eq!(again["choices"][0]["text"], first["choices"][0]["text"], "greedy: same text from cache");
     }
@@ -153,7 +166,7 @@ fn chat_turn_two_reuses_turn_one_answer() {
         &json!({"messages": [system, user1, assistant, user2], "max_tokens": 4}),
     );
     assert_eq!(status, 200, "{turn2}");
-    let cached = turn2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let cached = cached_tokens(&turn2);
     // Turn 1's prompt and all but its last generated token are in the replica's blocks.
     assert!(cached >= (p1 + n1 - 1) / 16 * 16, "cached {cached}, turn 1 had {p1} prompt and {n1} answer tokens");
     assert!(cached > p1, "turn 2 hits blocks of turn 1's answer");
@@ -232,6 +245,56 @@ fn streaming_grpc_and_errors() {
     }
     let bad_json = http_request(cluster.http, "POST", "/v1/completions", &[], b"{not json").unwrap();
     assert_eq!(bad_json.status, 400);
+}
+
+#[test]
+fn smollm2_answers_a_simple_question_through_the_gateway() {
+    let smollm2 = kvroute_test_support::smollm2_path();
+    let cluster = start_serving(smollm2.to_str().unwrap(), 1, &[], &[]);
+    let question = json!({
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 12,
+        "temperature": 0,
+    });
+    let (status, answer) = post(&cluster, "/v1/chat/completions", &question);
+    assert_eq!(status, 200, "{answer}");
+    let text = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(text.contains("Paris"), "SmolLM2 should name Paris: {text:?}");
+    // Asked again, the prompt comes from the cache and greedy decoding gives the same answer.
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, again) = post(&cluster, "/v1/chat/completions", &question);
+    assert_eq!(status, 200, "{again}");
+    assert!(cached_tokens(&again) > 0, "{again}");
+    assert_eq!(again["choices"][0]["message"]["content"], answer["choices"][0]["message"]["content"]);
+}
+
+#[test]
+fn private_tenants_do_not_share_cached_prefixes() {
+    let keys = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(keys.path(), "sk-alice alice private\nsk-bob bob private\nsk-carol carol off\n").unwrap();
+    let alice = [("Authorization", "Bearer sk-alice")];
+    let bob = [("Authorization", "Bearer sk-bob")];
+    let carol = [("Authorization", "Bearer sk-carol")];
+    // One replica: whatever is not shared is not shared by the cache itself, not by routing.
+    let cluster = start_with(1, &["--api-keys", keys.path().to_str().unwrap()], &alice);
+    let body = json!({"prompt": long_prompt("a confidential merger"), "max_tokens": 4, "temperature": 0});
+    let completions = "/v1/completions";
+    let (status, first) = post_with(&cluster, &alice, completions, &body);
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(cached_tokens(&first), 0);
+    let (_, alice_again) = post_with(&cluster, &alice, completions, &body);
+    assert!(cached_tokens(&alice_again) > 0, "a tenant reuses its own prefix: {alice_again}");
+    let (status, bob_first) = post_with(&cluster, &bob, completions, &body);
+    assert_eq!(status, 200, "{bob_first}");
+    assert_eq!(cached_tokens(&bob_first), 0, "bob must not hit alice's blocks: {bob_first}");
+    assert_eq!(bob_first["choices"][0]["text"], first["choices"][0]["text"], "same prompt, same greedy text");
+    let (_, bob_again) = post_with(&cluster, &bob, completions, &body);
+    assert!(cached_tokens(&bob_again) > 0, "bob reuses his own prefix: {bob_again}");
+    for _ in 0..2 {
+        let (status, carol_response) = post_with(&cluster, &carol, completions, &body);
+        assert_eq!(status, 200, "{carol_response}");
+        assert_eq!(cached_tokens(&carol_response), 0, "scope off: no reuse at all: {carol_response}");
+    }
 }
 
 #[test]
