@@ -104,7 +104,7 @@ impl Report {
 }
 
 /// Nearest-rank percentiles of latencies given in seconds.
-fn latency(mut seconds: Vec<f64>) -> Latency {
+pub fn latency(mut seconds: Vec<f64>) -> Latency {
     if seconds.is_empty() {
         return Latency::default();
     }

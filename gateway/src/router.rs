@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::metrics;
 use crate::routing::{
     ChurnConfig, ChurnDetector, Decision, Exclusion, IndexConfig, LookupResult, Millis, Policy, PrefixIndex,
-    PrefixSketch, ReplicaView, RouteRequest, SketchConfig, SplitMix64,
+    PrefixSketch, ReplicaView, RouteRequest, SketchConfig, SplitMix64, fill_unmeasured_rates,
 };
 use crate::upstream::{IndexSink, Pool, ReplicaId};
 
@@ -68,31 +68,11 @@ impl Router {
         self.origin.elapsed().as_millis() as Millis
     }
 
-    /// Replica views for scoring. A replica that has not measured a rate yet
-    /// (a new or idle one) is given the mean of the replicas that have, so an
-    /// unmeasured replica never looks faster than a measured one of the same
-    /// fleet; the scoring defaults apply only when nobody has measured.
+    /// Replica views for scoring, unmeasured rates filled in
+    /// ([`fill_unmeasured_rates`]).
     fn views(pool: &Pool) -> Vec<ReplicaView> {
         let mut views = Self::raw_views(pool);
-        let mean = |rate: fn(&LoadStats) -> f64, views: &[ReplicaView]| {
-            let measured: Vec<f64> = views.iter().map(|view| rate(&view.load)).filter(|r| *r > 0.0).collect();
-            (!measured.is_empty()).then(|| measured.iter().sum::<f64>() / measured.len() as f64)
-        };
-        let prefill = mean(|load| load.prefill_tokens_per_second, &views);
-        let host = mean(|load| load.host_bytes_per_second, &views);
-        let network = mean(|load| load.network_bytes_per_second, &views);
-        for view in &mut views {
-            let load = &mut view.load;
-            if load.prefill_tokens_per_second == 0.0 {
-                load.prefill_tokens_per_second = prefill.unwrap_or(0.0);
-            }
-            if load.host_bytes_per_second == 0.0 {
-                load.host_bytes_per_second = host.unwrap_or(0.0);
-            }
-            if load.network_bytes_per_second == 0.0 {
-                load.network_bytes_per_second = network.unwrap_or(0.0);
-            }
-        }
+        fill_unmeasured_rates(&mut views);
         views
     }
 

@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use kvroute_proto::block_hash::{BlockHash, BlockHasher, ChainKey};
+use kvroute_proto::block_hash::{BlockHash, BlockHashMap, BlockHasher, ChainKey};
 use kvroute_proto::domain::{KvEvent, Tier};
 
 /// Index of a block in the pool.
@@ -106,7 +106,7 @@ pub struct BlockManager {
     free: Vec<BlockId>,
     /// Cached (evictable) blocks by (stamp, id).
     evictable: BTreeSet<(u64, BlockId)>,
-    by_hash: HashMap<BlockHash, BlockId>,
+    by_hash: BlockHashMap<BlockId>,
     seqs: HashMap<u64, SeqState>,
     next_stamp: u64,
     evicted: Vec<PoolBlock>,
@@ -136,7 +136,7 @@ impl BlockManager {
             // Pop from the end: hand out low ids first.
             free: (0..num_blocks as BlockId).rev().collect(),
             evictable: BTreeSet::new(),
-            by_hash: HashMap::new(),
+            by_hash: BlockHashMap::default(),
             seqs: HashMap::new(),
             next_stamp: 0,
             evicted: Vec::new(),
@@ -213,6 +213,18 @@ impl BlockManager {
     /// `hasher` None (caching disabled) nothing is reused or registered.
     pub fn place(&mut self, seq: u64, prompt: &[u32], hasher: Option<BlockHasher>) -> Result<Placement, OutOfBlocks> {
         let prompt_hashes = hasher.as_ref().map(|h| h.hashes(prompt)).unwrap_or_default();
+        self.place_hashed(seq, prompt, hasher, prompt_hashes)
+    }
+
+    /// [`BlockManager::place`] given the prompt's full-block hashes under `hasher` (empty without one).
+    pub fn place_hashed(
+        &mut self,
+        seq: u64,
+        prompt: &[u32],
+        hasher: Option<BlockHasher>,
+        prompt_hashes: Vec<BlockHash>,
+    ) -> Result<Placement, OutOfBlocks> {
+        debug_assert_eq!(prompt_hashes.len(), hasher.as_ref().map_or(0, |_| prompt.len() / self.block_size));
         let (matched, matched_evictable) = self.probe(&prompt_hashes);
         let total = self.blocks_for_tokens(prompt.len());
         let needed = total.saturating_sub(matched);

@@ -9,15 +9,48 @@
 //! ```
 //! Only full blocks are hashed; golden vectors in `testdata/` pin the contract.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::str::FromStr;
 
 /// The blake3 key-derivation context of contract version 1.
 pub const CONTEXT_V1: &str = "kvroute/block-hash/v1";
 
 /// The name of one full block of tokens: the first 16 bytes of its chain key.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct BlockHash(pub [u8; 16]);
+
+/// Hashes as its low 64 bits: a blake3 output is uniform already.
+impl Hash for BlockHash {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.low_u64());
+    }
+}
+
+/// A map keyed by block hashes that uses the key's own bits instead of hashing it again.
+pub type BlockHashMap<V> = HashMap<BlockHash, V, BuildHasherDefault<BlockHashHasher>>;
+
+/// The [`Hasher`] of [`BlockHashMap`]: passes a block hash's low 64 bits through.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BlockHashHasher(u64);
+
+impl Hasher for BlockHashHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 ^= value;
+    }
+
+    /// Other keys (not expected): FNV-1a, so the map still works.
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
 
 impl BlockHash {
     pub const LEN: usize = 16;

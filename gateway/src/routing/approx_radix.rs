@@ -12,7 +12,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use kvroute_proto::BlockHash;
+use kvroute_proto::{BlockHash, BlockHashMap};
 
 use super::ReplicaId;
 use super::index::LookupResult;
@@ -24,7 +24,7 @@ use super::scoring::{Decision, ReplicaView, RouteRequest, ScoringConfig, candida
 #[derive(Clone, Debug, Default)]
 pub struct RadixHistory {
     /// Block -> (replica, tick of its last routing).
-    nodes: HashMap<BlockHash, Vec<(ReplicaId, u64)>>,
+    nodes: BlockHashMap<Vec<(ReplicaId, u64)>>,
     /// Blocks attributed to each replica.
     sizes: HashMap<ReplicaId, usize>,
     /// Touches in tick order; records made stale by a later touch are skipped.

@@ -31,5 +31,7 @@ pub use churn::{ChurnAlarm, ChurnConfig, ChurnDetector};
 pub use index::{IndexConfig, IndexError, IndexStats, LookupResult, PrefixIndex, ReplicaMatch};
 pub use policy::{Policy, PolicyKind, UnknownPolicy};
 pub use rng::{RandomSource, SplitMix64};
-pub use scoring::{CandidateScore, Decision, Exclusion, Prediction, ReplicaView, RouteRequest, ScoringConfig};
+pub use scoring::{
+    CandidateScore, Decision, Exclusion, Prediction, ReplicaView, RouteRequest, ScoringConfig, fill_unmeasured_rates,
+};
 pub use sketch::{PrefixSketch, SketchConfig};

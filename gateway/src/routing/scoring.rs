@@ -53,6 +53,32 @@ impl ReplicaView {
     }
 }
 
+/// Gives a replica that has not measured a rate yet (a new or idle one) the
+/// mean of the replicas that have, so an unmeasured replica never looks faster
+/// than a measured one of the same fleet; the scoring defaults apply only when
+/// nobody has measured.
+pub fn fill_unmeasured_rates(views: &mut [ReplicaView]) {
+    let mean = |rate: fn(&LoadStats) -> f64, views: &[ReplicaView]| {
+        let measured: Vec<f64> = views.iter().map(|view| rate(&view.load)).filter(|r| *r > 0.0).collect();
+        (!measured.is_empty()).then(|| measured.iter().sum::<f64>() / measured.len() as f64)
+    };
+    let prefill = mean(|load| load.prefill_tokens_per_second, views);
+    let host = mean(|load| load.host_bytes_per_second, views);
+    let network = mean(|load| load.network_bytes_per_second, views);
+    for view in views {
+        let load = &mut view.load;
+        if load.prefill_tokens_per_second == 0.0 {
+            load.prefill_tokens_per_second = prefill.unwrap_or(0.0);
+        }
+        if load.host_bytes_per_second == 0.0 {
+            load.host_bytes_per_second = host.unwrap_or(0.0);
+        }
+        if load.network_bytes_per_second == 0.0 {
+            load.network_bytes_per_second = network.unwrap_or(0.0);
+        }
+    }
+}
+
 /// Every routing tunable and default, in one place.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScoringConfig {

@@ -33,4 +33,13 @@ pub trait Executor {
     fn vocab_size(&self) -> usize;
     /// The served model id, part of every block hash.
     fn model_id(&self) -> &str;
+    /// Seconds the last [`Executor::execute`] took in a cost model's virtual time; None when the
+    /// arithmetic is real and the engine times it with the wall clock.
+    fn modelled_seconds(&self) -> Option<f64> {
+        None
+    }
+    /// Seconds a cost model charges for writing `bytes` into the pool; None: timed with the wall clock.
+    fn modelled_copy_seconds(&self, _bytes: usize) -> Option<f64> {
+        None
+    }
 }

@@ -18,6 +18,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+use kvroute_proto::BlockHash;
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, FinishReason, KvEvent, Tier};
 
 use crate::block_manager::{BlockId, BlockManager, EventSink, PoolBlock};
@@ -112,6 +113,8 @@ struct Sequence {
     swapped: Option<Vec<Vec<u8>>>,
     /// Blocks fetched from the network tier before admission.
     prefetched: Prefetched,
+    /// Full-block hashes of the first `.0` tokens, kept while the sequence waits for admission.
+    hashes: Option<(usize, Vec<BlockHash>)>,
 }
 
 impl Sequence {
@@ -293,6 +296,7 @@ impl<E: Executor> Engine<E> {
             stop_ids,
             swapped: None,
             prefetched,
+            hashes: None,
         });
         Ok(id)
     }
@@ -354,19 +358,29 @@ impl<E: Executor> Engine<E> {
 
         // 3. Admission, first come first served.
         while budget > 0 && self.running.len() < self.config.max_running {
-            let Some(seq) = self.waiting.front() else { break };
+            let Some(seq) = self.waiting.front_mut() else { break };
             let hasher =
                 (seq.request.cache_mode == CacheMode::Shared).then(|| self.blocks.hasher(&seq.request.cache_scope));
             let known = if seq.swapped.is_some() { seq.computed } else { seq.tokens.len() };
-            let hashes = hasher.as_ref().map(|h| h.hashes(&seq.tokens[..known])).unwrap_or_default();
+            // A sequence waiting at the head is checked every step: hash its tokens once.
+            let hashes = match (&hasher, seq.hashes.take()) {
+                (Some(_), Some((len, hashes))) if len == known => hashes,
+                (Some(h), _) => h.hashes(&seq.tokens[..known]),
+                (None, _) => Vec::new(),
+            };
             let reserve = (self.config.watermark * self.blocks.num_blocks() as f64).ceil() as usize;
             // Admitting into an empty engine must never deadlock on the watermark.
             let reserve = if self.running.is_empty() { 0 } else { reserve };
             if !self.blocks.fits(&hashes, seq.tokens.len(), reserve) {
+                seq.hashes = Some((known, hashes));
                 break;
             }
             let Some(mut seq) = self.waiting.pop_front() else { break };
-            let placed = self.blocks.place(seq.id, &seq.tokens, hasher);
+            let placed = if known == seq.tokens.len() {
+                self.blocks.place_hashed(seq.id, &seq.tokens, hasher, hashes)
+            } else {
+                self.blocks.place(seq.id, &seq.tokens, hasher)
+            };
             let Ok(placement) = placed else {
                 self.waiting.push_front(seq);
                 break;
@@ -430,7 +444,7 @@ impl<E: Executor> Engine<E> {
                 .collect();
             self.executor.execute(&specs)
         };
-        let elapsed = started.elapsed().as_secs_f64();
+        let elapsed = self.executor.modelled_seconds().unwrap_or_else(|| started.elapsed().as_secs_f64());
         let mut prefill = 0;
         let mut decode = 0;
         let mut finished = Vec::new();
@@ -556,12 +570,7 @@ impl<E: Executor> Engine<E> {
     /// prefetched network blocks, copying hits into its pool blocks; returns
     /// the blocks reloaded from each. Stops at the first miss, and does not
     /// reload from a tier slower than recomputing.
-    fn reload_from_tiers(
-        &mut self,
-        seq: &mut Sequence,
-        hashes: &[kvroute_proto::BlockHash],
-        matched: usize,
-    ) -> (usize, usize) {
+    fn reload_from_tiers(&mut self, seq: &mut Sequence, hashes: &[BlockHash], matched: usize) -> (usize, usize) {
         if seq.request.cache_mode == CacheMode::Disabled {
             return (0, 0);
         }
@@ -580,7 +589,9 @@ impl<E: Executor> Engine<E> {
             host += 1;
         }
         if host > 0 {
-            self.tiering.record_host_copy(host * self.executor.bytes_per_block(), started);
+            let bytes = host * self.executor.bytes_per_block();
+            let seconds = self.executor.modelled_copy_seconds(bytes).unwrap_or_else(|| started.elapsed().as_secs_f64());
+            self.tiering.record_host_copy(bytes, seconds);
             crate::metrics::record_tier_hit(Tier::Host, host * self.blocks.block_size(), host);
         }
         while index < hashes.len() {
@@ -602,7 +613,7 @@ impl<E: Executor> Engine<E> {
     }
 
     /// Leading blocks of a chain held by the pool or host RAM.
-    pub fn resident_blocks(&self, hashes: &[kvroute_proto::BlockHash]) -> usize {
+    pub fn resident_blocks(&self, hashes: &[BlockHash]) -> usize {
         hashes
             .iter()
             .take_while(|hash| {

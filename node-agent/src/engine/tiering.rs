@@ -3,8 +3,6 @@
 //! go to the network tier's write queue, and admission extends a prompt's pool
 //! match from host RAM and from prefetched network blocks.
 
-use std::time::Instant;
-
 use kvroute_proto::block_hash::BlockHash;
 use kvroute_proto::domain::{KvEvent, Tier};
 
@@ -73,7 +71,11 @@ impl Tiering {
             Some(host) => {
                 let evicted = host.insert(hash, bytes);
                 if host.contains(&hash) {
-                    self.events.push(KvEvent::Stored { tier: Tier::Host, hashes: vec![hash] });
+                    // Consecutive stores share one event.
+                    match self.events.last_mut() {
+                        Some(KvEvent::Stored { tier: Tier::Host, hashes }) => hashes.push(hash),
+                        _ => self.events.push(KvEvent::Stored { tier: Tier::Host, hashes: vec![hash] }),
+                    }
                     metrics::record_tier_stored(Tier::Host, 1);
                 }
                 self.host_evicted(evicted);
@@ -124,9 +126,9 @@ impl Tiering {
     }
 
     /// Records a host-to-pool copy for the bandwidth estimate.
-    pub fn record_host_copy(&mut self, bytes: usize, started: Instant) {
+    pub fn record_host_copy(&mut self, bytes: usize, seconds: f64) {
         const ALPHA: f64 = 0.2;
-        let seconds = started.elapsed().as_secs_f64().max(1e-7);
+        let seconds = seconds.max(1e-7);
         let rate = bytes as f64 / seconds;
         self.host_bandwidth =
             if self.host_bandwidth == 0.0 { rate } else { self.host_bandwidth + ALPHA * (rate - self.host_bandwidth) };

@@ -4,10 +4,10 @@
 //! replays it). Blocks swapped out by preemption are charged to the same byte
 //! budget through [`HostTier::reserve`], so host memory has one bound.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kvroute_proto::block_hash::BlockHash;
+use kvroute_proto::block_hash::{BlockHash, BlockHashMap};
 
 /// A block's stored bytes, shared without copying between tiers.
 pub type BlockBytes = Arc<Vec<u8>>;
@@ -22,7 +22,7 @@ pub struct HostTier {
     capacity: u64,
     used: u64,
     reserved: u64,
-    entries: HashMap<BlockHash, Entry>,
+    entries: BlockHashMap<Entry>,
     order: BTreeMap<u64, BlockHash>,
     next_stamp: u64,
 }
@@ -44,7 +44,7 @@ impl HostTier {
             capacity: capacity_bytes,
             used: 0,
             reserved: 0,
-            entries: HashMap::new(),
+            entries: BlockHashMap::default(),
             order: BTreeMap::new(),
             next_stamp: 0,
         }

@@ -1,0 +1,388 @@
+//! One simulated run: N replicas, each the node-agent's own [`Engine`] (scheduler, block manager, host
+//! tier, write-through) on a [`CostExecutor`], a shared [`NetworkStore`], and the gateway's own
+//! [`PrefixIndex`] and [`Policy`] fed by the replicas' KV events, all stepped in virtual time.
+//! Deterministic: one thread, a seeded random source, events ordered by (time, sequence number).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use kvroute_gateway::routing::{
+    IndexConfig, Policy, PolicyKind, PrefixIndex, ReplicaView, RouteRequest, ScoringConfig, SplitMix64,
+    fill_unmeasured_rates,
+};
+use kvroute_node_agent::engine::thread::SharedSink;
+use kvroute_node_agent::engine::tiering::reload_beats_recompute;
+use kvroute_node_agent::engine::{Engine, EngineConfig, Executor, Output, PreemptionMode, Prefetched, Tiering};
+use kvroute_node_agent::tiers::host::HostTier;
+use kvroute_proto::BlockHasher;
+use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, KvEvent, LoadStats, SamplingParams};
+
+use super::executor::{CostExecutor, STAND_IN_BYTES};
+use super::network::NetworkStore;
+use super::plan::{Plan, session_prompt};
+use super::profile::CostProfile;
+use super::report::{PolicyResult, Samples};
+
+/// The model id every simulated replica serves (part of every block hash).
+pub const MODEL_ID: &str = "kvroute-sim";
+
+/// The node-agent's default: blocks reused twice are written through to the network tier.
+const WRITE_THROUGH_HITS: u32 = 2;
+
+#[derive(Clone, Debug)]
+pub struct FleetConfig {
+    pub replicas: usize,
+    pub profile: CostProfile,
+    pub policy: PolicyKind,
+    pub seed: u64,
+    /// How long a routed prefix counts as pending on its replica.
+    pub pending_ttl_ms: u64,
+}
+
+type Outputs = Arc<Mutex<Vec<(usize, Output)>>>;
+
+struct Replica {
+    engine: Engine<CostExecutor>,
+    events: SharedSink,
+    outputs: Outputs,
+    busy: bool,
+    /// Routed here, not yet submitted (their network-tier fetch is in flight).
+    inbound: u32,
+    /// What the running step produced, published when it ends.
+    step_events: Vec<KvEvent>,
+    step_outputs: Vec<(usize, Output)>,
+    prefill_tokens: u64,
+}
+
+/// A request in flight.
+struct Live {
+    arrival_s: f64,
+    first_token_s: Option<f64>,
+    /// (session, turn) of a closed-loop request.
+    turn: Option<(usize, usize)>,
+    generated: Vec<u32>,
+}
+
+enum Event {
+    Open(usize),
+    Turn { session: usize, turn: usize },
+    Submit { live: usize, replica: usize, request: AgentGenerateRequest, prefetched: Prefetched },
+    StepDone(usize),
+}
+
+pub struct Fleet<'a> {
+    config: FleetConfig,
+    plan: &'a Plan,
+    replicas: Vec<Replica>,
+    store: Option<Arc<Mutex<NetworkStore>>>,
+    index: PrefixIndex,
+    policy: Policy,
+    rng: SplitMix64,
+    hasher: BlockHasher,
+    queue: BinaryHeap<Reverse<(u64, u64)>>,
+    events: HashMap<u64, Event>,
+    next_event: u64,
+    now: f64,
+    live: Vec<Live>,
+    histories: Vec<Vec<u32>>,
+    samples: Samples,
+}
+
+impl<'a> Fleet<'a> {
+    pub fn new(config: FleetConfig, plan: &'a Plan) -> anyhow::Result<Fleet<'a>> {
+        let profile = &config.profile;
+        let store = (profile.network_bytes > 0.0)
+            .then(|| Arc::new(Mutex::new(NetworkStore::new((profile.network_bytes / profile.block_bytes()) as usize))));
+        let replicas = (0..config.replicas).map(|id| replica(id, profile, store.clone())).collect();
+        let host_blocks = (profile.host_bytes / profile.block_bytes()) as usize;
+        let held = config.replicas * (profile.num_blocks() + host_blocks)
+            + (profile.network_bytes / profile.block_bytes()) as usize;
+        let index = PrefixIndex::new(IndexConfig {
+            max_entries: (held + held / 4).clamp(1 << 16, 1 << 23),
+            max_replicas: config.replicas,
+            ..IndexConfig::default()
+        })?;
+        if store.is_some() {
+            for id in 0..config.replicas {
+                index.set_network_tier_up(id as u16, true)?;
+            }
+        }
+        let mut fleet = Fleet {
+            policy: Policy::new(config.policy, ScoringConfig::default()),
+            rng: SplitMix64::new(config.seed),
+            hasher: BlockHasher::new(profile.block_size as u32, MODEL_ID, b""),
+            config,
+            plan,
+            replicas,
+            store,
+            index,
+            queue: BinaryHeap::new(),
+            events: HashMap::new(),
+            next_event: 0,
+            now: 0.0,
+            live: Vec::new(),
+            histories: vec![Vec::new(); plan.sessions.len()],
+            samples: Samples::default(),
+        };
+        for (index, request) in plan.open.iter().enumerate() {
+            fleet.schedule(request.arrival_s, Event::Open(index));
+        }
+        for (session, state) in plan.sessions.iter().enumerate() {
+            fleet.schedule(state.start_s, Event::Turn { session, turn: 0 });
+        }
+        Ok(fleet)
+    }
+
+    /// Runs until every request has finished or been refused.
+    pub fn run(mut self) -> PolicyResult {
+        while let Some(Reverse((at, key))) = self.queue.pop() {
+            self.now = at as f64 / 1e9;
+            let Some(event) = self.events.remove(&key) else { continue };
+            match event {
+                Event::Open(index) => {
+                    let request = &self.plan.open[index];
+                    let prompt = self.plan.prompt(&request.prompt);
+                    self.arrive(prompt.to_vec(), request.output_tokens, None);
+                }
+                Event::Turn { session, turn } => {
+                    let state = &self.plan.sessions[session];
+                    let prompt = session_prompt(state, &state.turns[turn], &self.histories[session]);
+                    self.arrive(prompt, state.turns[turn].output_tokens, Some((session, turn)));
+                }
+                Event::Submit { live, replica, request, prefetched } => self.submit(live, replica, request, prefetched),
+                Event::StepDone(replica) => self.step_done(replica),
+            }
+        }
+        let stats: Vec<_> = self.replicas.iter().map(|replica| replica.engine.stats().clone()).collect();
+        let prefill: Vec<u64> = self.replicas.iter().map(|replica| replica.prefill_tokens).collect();
+        self.samples.finish(self.config.policy.name(), &stats, &prefill)
+    }
+
+    fn schedule(&mut self, at_s: f64, event: Event) {
+        let key = self.next_event;
+        self.next_event += 1;
+        self.events.insert(key, event);
+        self.queue.push(Reverse(((at_s.max(0.0) * 1e9) as u64, key)));
+    }
+
+    fn now_ms(&self) -> u64 {
+        (self.now * 1000.0) as u64
+    }
+
+    /// Routes a new request with the gateway's index and policy, fetches what the network tier holds
+    /// beyond the chosen replica's own blocks (as the agent does), and submits it.
+    fn arrive(&mut self, prompt: Vec<u32>, output_tokens: u32, turn: Option<(usize, usize)>) {
+        let live = self.live.len();
+        self.live.push(Live { arrival_s: self.now, first_token_s: None, turn, generated: Vec::new() });
+        let hashes = self.hasher.hashes(&prompt);
+        let now_ms = self.now_ms();
+        let lookup = self.index.lookup(&hashes, now_ms);
+        let mut views: Vec<ReplicaView> = self.replicas.iter().enumerate().map(|(id, r)| self.view(id, r)).collect();
+        fill_unmeasured_rates(&mut views);
+        let request = RouteRequest {
+            hashes: &hashes,
+            prompt_tokens: prompt.len(),
+            session_key: turn.map(|(session, _)| session as u64),
+        };
+        let decision = self.policy.decide(&request, &views, &lookup, &mut self.rng);
+        let Some(chosen) = decision.chosen else {
+            self.samples.rejected += 1;
+            return;
+        };
+        let replica = usize::from(chosen);
+        self.index.add_pending(chosen, &hashes, now_ms, self.config.pending_ttl_ms);
+        let profile = &self.config.profile;
+        let mut prefetched = Prefetched::default();
+        let mut delay = 0.0;
+        if let Some(store) = &self.store {
+            let engine = &self.replicas[replica].engine;
+            let first = engine.resident_blocks(&hashes);
+            let rate = engine.stats().prefill_tokens_per_second;
+            if first < hashes.len()
+                && reload_beats_recompute(profile.network_bandwidth, profile.kv_bytes_per_token, rate)
+            {
+                let run = store.lock().map(|mut store| store.fetch_run(&hashes[first..])).unwrap_or(0);
+                if run > 0 {
+                    delay = profile.network_latency_seconds
+                        + run as f64 * profile.block_bytes() / profile.network_bandwidth;
+                    prefetched = {
+                        // One shared stand-in payload serves every fetched block.
+                        let payload = Arc::new(vec![0; STAND_IN_BYTES]);
+                        Prefetched { first_block: first, blocks: std::iter::repeat_n(payload, run).collect() }
+                    };
+                }
+            }
+        }
+        let request = AgentGenerateRequest {
+            request_id: String::new(),
+            prompt,
+            cache_scope: Vec::new(),
+            cache_mode: CacheMode::Shared,
+            sampling: SamplingParams { temperature: 0.0, top_p: 1.0, seed: None },
+            max_tokens: output_tokens,
+            stop_token_ids: Vec::new(),
+            ignore_eos: true,
+        };
+        self.replicas[replica].inbound += 1;
+        if delay > 0.0 {
+            self.schedule(self.now + delay, Event::Submit { live, replica, request, prefetched });
+        } else {
+            self.submit(live, replica, request, prefetched);
+        }
+    }
+
+    fn submit(&mut self, live: usize, replica: usize, request: AgentGenerateRequest, prefetched: Prefetched) {
+        let state = &mut self.replicas[replica];
+        state.inbound = state.inbound.saturating_sub(1);
+        let outputs = state.outputs.clone();
+        let sink = Box::new(move |output: Output| {
+            if let Ok(mut outputs) = outputs.lock() {
+                outputs.push((live, output));
+            }
+            true
+        });
+        if state.engine.submit_prefetched(request, sink, prefetched).is_err() {
+            self.samples.rejected += 1;
+            return;
+        }
+        if !state.busy {
+            self.start_step(replica);
+        }
+    }
+
+    /// Runs the replica's next engine step now; its results are published when its modelled time is up.
+    fn start_step(&mut self, replica: usize) {
+        let state = &mut self.replicas[replica];
+        let report = state.engine.step();
+        state.step_events.extend(state.events.take());
+        state.step_events.extend(state.engine.take_tier_events());
+        if let Ok(mut outputs) = state.outputs.lock() {
+            state.step_outputs.append(&mut outputs);
+        }
+        if report.is_idle() {
+            state.busy = false;
+            self.publish(replica);
+            return;
+        }
+        state.prefill_tokens += report.prefill_tokens as u64;
+        state.busy = true;
+        let seconds = state.engine.executor().modelled_seconds().unwrap_or(0.0);
+        self.schedule(self.now + seconds, Event::StepDone(replica));
+    }
+
+    fn step_done(&mut self, replica: usize) {
+        self.publish(replica);
+        if self.replicas[replica].engine.has_work() {
+            self.start_step(replica);
+        } else {
+            self.replicas[replica].busy = false;
+        }
+    }
+
+    /// Feeds a finished step's events to the index (network-tier events under the replica that caused
+    /// them) and its outputs to the requests.
+    fn publish(&mut self, replica: usize) {
+        let events = std::mem::take(&mut self.replicas[replica].step_events);
+        if !events.is_empty() {
+            let _ = self.index.apply_events(replica as u16, &events);
+        }
+        let network = self.store.as_ref().and_then(|store| store.lock().ok().map(|mut store| store.take_events()));
+        for (source, event) in network.unwrap_or_default() {
+            let _ = self.index.apply_events(source, std::slice::from_ref(&event));
+        }
+        let outputs = std::mem::take(&mut self.replicas[replica].step_outputs);
+        for (live, output) in outputs {
+            self.deliver(live, output);
+        }
+    }
+
+    fn deliver(&mut self, live: usize, output: Output) {
+        let now = self.now;
+        let request = &mut self.live[live];
+        if request.first_token_s.is_none() && !output.tokens.is_empty() {
+            request.first_token_s = Some(now);
+            self.samples.ttft.push(now - request.arrival_s);
+        }
+        request.generated.extend(&output.tokens);
+        let Some((_, usage)) = output.finished else { return };
+        self.samples.e2e.push(now - request.arrival_s);
+        self.samples.output_tokens += u64::from(usage.completion_tokens);
+        self.samples.finished += 1;
+        self.samples.last_finish_s = self.samples.last_finish_s.max(now);
+        let Some((session, turn)) = request.turn else { return };
+        let generated = std::mem::take(&mut request.generated);
+        let state = &self.plan.sessions[session];
+        self.histories[session].extend(&state.turns[turn].user);
+        self.histories[session].extend(generated);
+        if let Some(next) = state.turns.get(turn + 1) {
+            self.schedule(now + next.think_s, Event::Turn { session, turn: turn + 1 });
+        }
+    }
+
+    /// What the gateway would know of a replica from its last event batch.
+    fn view(&self, id: usize, replica: &Replica) -> ReplicaView {
+        let profile = &self.config.profile;
+        let engine = &replica.engine;
+        let stand_in_scale = profile.block_bytes() / STAND_IN_BYTES as f64;
+        let network = self.store.is_some();
+        ReplicaView {
+            id: id as u16,
+            healthy: true,
+            load: LoadStats {
+                waiting_requests: engine.num_waiting() as u32 + replica.inbound,
+                running_requests: engine.num_running() as u32,
+                queued_prefill_tokens: engine.queued_prefill_tokens(),
+                kv_blocks_used: engine.blocks().num_used() as u64,
+                kv_blocks_total: engine.blocks().num_blocks() as u64,
+                prefill_tokens_per_second: engine.stats().prefill_tokens_per_second,
+                decode_step_seconds: engine.stats().decode_step_seconds,
+                host_bytes_per_second: engine.tiering().host_bandwidth() * stand_in_scale,
+                network_bytes_per_second: if network { profile.network_bandwidth } else { 0.0 },
+                network_tier_up: network,
+                draining: false,
+                queue_capacity: profile.max_waiting as u32,
+            },
+            block_size: profile.block_size as u32,
+            bytes_per_block: profile.block_bytes() as u64,
+        }
+    }
+}
+
+fn replica(id: usize, profile: &CostProfile, store: Option<Arc<Mutex<NetworkStore>>>) -> Replica {
+    let host =
+        (profile.host_bytes > 0.0).then(|| HostTier::new(CostExecutor::stand_in_bytes(profile, profile.host_bytes)));
+    let spill = store.map(|store| {
+        let spill: kvroute_node_agent::engine::tiering::SpillFn = Box::new(move |hash, _bytes| {
+            if let Ok(mut store) = store.lock() {
+                store.put(id as u16, hash);
+            }
+            true
+        });
+        spill
+    });
+    let write_through = if spill.is_some() { WRITE_THROUGH_HITS } else { 0 };
+    let tiering = Tiering::new(host, spill).with_write_through(write_through);
+    let config = EngineConfig {
+        max_batch_tokens: profile.max_batch_tokens,
+        max_running: profile.max_running,
+        max_waiting: profile.max_waiting,
+        watermark: EngineConfig::default().watermark,
+        preemption: PreemptionMode::Recompute,
+        max_context: profile.max_context,
+        capture_logits: false,
+    };
+    let events = SharedSink::default();
+    let executor = CostExecutor::new(profile, MODEL_ID);
+    let engine = Engine::new(config, executor, Vec::new(), Box::new(events.clone())).with_tiering(tiering);
+    Replica {
+        engine,
+        events,
+        outputs: Arc::default(),
+        busy: false,
+        inbound: 0,
+        step_events: Vec::new(),
+        step_outputs: Vec::new(),
+        prefill_tokens: 0,
+    }
+}

@@ -1,0 +1,213 @@
+//! Cost profiles: what one simulated replica is (its KV pool, tiers and scheduler settings) and what its
+//! work costs. A profile is a small `key = value` file with `#` comments; the documented ones live in
+//! `bench/profiles/` and are built in by name.
+
+use std::collections::HashMap;
+
+/// Profiles known by name (`--profile NAME`); any other value is read as a file path.
+pub const BUILTIN: [(&str, &str); 3] = [
+    ("h100-llama3-8b", include_str!("../../profiles/h100-llama3-8b.profile")),
+    ("h100x8-llama3-70b", include_str!("../../profiles/h100x8-llama3-70b.profile")),
+    ("cpu-tiny-random", include_str!("../../profiles/cpu-tiny-random.profile")),
+];
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostProfile {
+    pub name: String,
+    pub block_size: usize,
+    pub vocab_size: usize,
+    /// Parameters: 2 FLOPs each per token.
+    pub params: f64,
+    pub layers: f64,
+    /// Query heads times head dimension (attention FLOPs per token and context position).
+    pub attention_width: f64,
+    /// Bytes every step reads once.
+    pub weight_bytes: f64,
+    pub kv_bytes_per_token: f64,
+    /// KV pool of one replica.
+    pub kv_pool_bytes: f64,
+    pub peak_flops: f64,
+    pub compute_efficiency: f64,
+    pub memory_bandwidth: f64,
+    pub memory_efficiency: f64,
+    pub step_overhead_seconds: f64,
+    /// Host RAM tier per replica; 0 turns it off.
+    pub host_bytes: f64,
+    pub host_bandwidth: f64,
+    /// Shared network tier for the whole fleet; 0 turns it off.
+    pub network_bytes: f64,
+    pub network_bandwidth: f64,
+    pub network_latency_seconds: f64,
+    pub max_batch_tokens: usize,
+    pub max_running: usize,
+    pub max_waiting: usize,
+    pub max_context: usize,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ProfileError {
+    #[error("line {line}: expected `key = value`")]
+    Syntax { line: usize },
+    #[error("line {line}: {key} is not a number: {value:?}")]
+    Number { line: usize, key: String, value: String },
+    #[error("unknown key {0:?}")]
+    UnknownKey(String),
+    #[error("missing key {0:?}")]
+    Missing(&'static str),
+    #[error("{0} must be positive")]
+    NotPositive(&'static str),
+}
+
+impl CostProfile {
+    /// A built-in profile by name, or the profile file at `name_or_path`.
+    pub fn load(name_or_path: &str) -> anyhow::Result<CostProfile> {
+        let text = match BUILTIN.iter().find(|(name, _)| *name == name_or_path) {
+            Some((_, text)) => text.to_string(),
+            None => std::fs::read_to_string(name_or_path).map_err(|error| {
+                let names: Vec<&str> = BUILTIN.iter().map(|(name, _)| *name).collect();
+                anyhow::anyhow!(
+                    "profile {name_or_path:?} is neither built in ({}) nor a readable file: {error}",
+                    names.join(", ")
+                )
+            })?,
+        };
+        Ok(CostProfile::parse(&text)?)
+    }
+
+    pub fn parse(text: &str) -> Result<CostProfile, ProfileError> {
+        let mut name = None;
+        let mut numbers: HashMap<String, f64> = HashMap::new();
+        for (index, raw) in text.lines().enumerate() {
+            let line = raw.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let (key, value) = line.split_once('=').ok_or(ProfileError::Syntax { line: index + 1 })?;
+            let (key, value) = (key.trim(), value.trim());
+            if key == "name" {
+                name = Some(value.to_string());
+                continue;
+            }
+            let number = value.parse::<f64>().ok().filter(|v| v.is_finite()).ok_or_else(|| ProfileError::Number {
+                line: index + 1,
+                key: key.to_string(),
+                value: value.to_string(),
+            })?;
+            numbers.insert(key.to_string(), number);
+        }
+        let mut take = |key: &'static str| numbers.remove(key).ok_or(ProfileError::Missing(key));
+        let positive =
+            |key: &'static str, value: f64| if value > 0.0 { Ok(value) } else { Err(ProfileError::NotPositive(key)) };
+        let profile = CostProfile {
+            name: name.ok_or(ProfileError::Missing("name"))?,
+            block_size: positive("block_size", take("block_size")?)? as usize,
+            vocab_size: positive("vocab_size", take("vocab_size")?)? as usize,
+            params: positive("params", take("params")?)?,
+            layers: positive("layers", take("layers")?)?,
+            attention_width: positive("attention_width", take("attention_width")?)?,
+            weight_bytes: take("weight_bytes")?,
+            kv_bytes_per_token: positive("kv_bytes_per_token", take("kv_bytes_per_token")?)?,
+            kv_pool_bytes: positive("kv_pool_bytes", take("kv_pool_bytes")?)?,
+            peak_flops: positive("peak_flops", take("peak_flops")?)?,
+            compute_efficiency: positive("compute_efficiency", take("compute_efficiency")?)?,
+            memory_bandwidth: positive("memory_bandwidth", take("memory_bandwidth")?)?,
+            memory_efficiency: positive("memory_efficiency", take("memory_efficiency")?)?,
+            step_overhead_seconds: take("step_overhead_seconds")?,
+            host_bytes: take("host_bytes")?,
+            host_bandwidth: positive("host_bandwidth", take("host_bandwidth")?)?,
+            network_bytes: take("network_bytes")?,
+            network_bandwidth: positive("network_bandwidth", take("network_bandwidth")?)?,
+            network_latency_seconds: take("network_latency_seconds")?,
+            max_batch_tokens: positive("max_batch_tokens", take("max_batch_tokens")?)? as usize,
+            max_running: positive("max_running", take("max_running")?)? as usize,
+            max_waiting: positive("max_waiting", take("max_waiting")?)? as usize,
+            max_context: positive("max_context", take("max_context")?)? as usize,
+        };
+        if let Some(key) = numbers.keys().next() {
+            return Err(ProfileError::UnknownKey(key.clone()));
+        }
+        Ok(profile)
+    }
+
+    /// KV bytes of one block.
+    pub fn block_bytes(&self) -> f64 {
+        self.kv_bytes_per_token * self.block_size as f64
+    }
+
+    /// Blocks in one replica's pool.
+    pub fn num_blocks(&self) -> usize {
+        (self.kv_pool_bytes / self.block_bytes()) as usize
+    }
+
+    /// Prefill tokens per second of a batch of short prompts (the rate reload decisions compare against).
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        self.peak_flops * self.compute_efficiency / (2.0 * self.params)
+    }
+
+    /// Seconds of one step: `prefill` chunks as (new tokens, context before them) and decodes as their
+    /// context lengths. The larger of compute time and memory time, plus the overhead.
+    pub fn step_seconds(&self, chunks: impl Iterator<Item = (usize, usize)>) -> f64 {
+        let (mut flops, mut kv_read_tokens, mut any) = (0.0, 0.0, false);
+        for (new_tokens, context) in chunks {
+            any = true;
+            let new = new_tokens as f64;
+            let mean_context = context as f64 + new / 2.0;
+            flops += 2.0 * self.params * new + 4.0 * self.layers * self.attention_width * new * mean_context;
+            kv_read_tokens += (context + new_tokens) as f64;
+        }
+        if !any {
+            return 0.0;
+        }
+        let compute = flops / (self.peak_flops * self.compute_efficiency);
+        let bytes = self.weight_bytes + kv_read_tokens * self.kv_bytes_per_token;
+        let memory = bytes / (self.memory_bandwidth * self.memory_efficiency);
+        self.step_overhead_seconds + compute.max(memory)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_builtin_profile_parses() {
+        for (name, text) in BUILTIN {
+            let profile = CostProfile::parse(text).unwrap_or_else(|error| panic!("{name}: {error}"));
+            assert_eq!(profile.name, name);
+            assert!(profile.num_blocks() > 0);
+        }
+    }
+
+    #[test]
+    fn llama3_8b_numbers_are_the_documented_ones() {
+        let profile = CostProfile::load("h100-llama3-8b").unwrap_or_else(|error| panic!("{error}"));
+        assert_eq!(profile.kv_bytes_per_token, 131072.0);
+        assert_eq!(profile.block_bytes(), 2.0 * 1024.0 * 1024.0);
+        // 60 GB of pool at 2 MiB a block.
+        assert_eq!(profile.num_blocks(), 28610);
+        // ~31k prefill tokens per second at half of the dense bf16 peak.
+        let rate = profile.prefill_tokens_per_second();
+        assert!((30_000.0..32_000.0).contains(&rate), "{rate}");
+        // A decode step of one short sequence is memory bound: weights over 70% of the bandwidth, plus overhead.
+        let decode = profile.step_seconds([(1, 100)].into_iter());
+        let expected = 0.002 + (16.06e9 + 101.0 * 131072.0) / (3.35e12 * 0.7);
+        assert!((decode - expected).abs() < 1e-9, "{decode} vs {expected}");
+        // A long prefill chunk is compute bound, and attention makes later chunks dearer.
+        let early = profile.step_seconds([(8192, 0)].into_iter());
+        let late = profile.step_seconds([(8192, 16384)].into_iter());
+        assert!(early > decode * 5.0 && late > early, "{early} {late}");
+    }
+
+    #[test]
+    fn bad_profiles_say_what_is_wrong() {
+        assert_eq!(CostProfile::parse("name = x\nblock_size 16"), Err(ProfileError::Syntax { line: 2 }));
+        assert!(matches!(CostProfile::parse("name = x\nblock_size = sixteen"), Err(ProfileError::Number { .. })));
+        assert_eq!(CostProfile::parse("name = x"), Err(ProfileError::Missing("block_size")));
+        let (_, text) = BUILTIN[0];
+        let extra = format!("{text}\ncolour = 3\n");
+        assert_eq!(CostProfile::parse(&extra), Err(ProfileError::UnknownKey("colour".into())));
+        let zero = text.replace("block_size = 16", "block_size = 0");
+        assert_eq!(CostProfile::parse(&zero), Err(ProfileError::NotPositive("block_size")));
+        assert!(CostProfile::load("no-such-profile").is_err());
+    }
+}

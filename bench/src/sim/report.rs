@@ -1,0 +1,133 @@
+//! What a simulated run measured, per policy, and how it is printed: a table for people, or one JSON
+//! document (`{"bound_hit_ratio": ..., "results": [...]}`) for machines.
+
+use kvroute_node_agent::engine::EngineStats;
+use serde::Serialize;
+
+use crate::report::latency;
+
+/// Raw measurements gathered while a run goes.
+#[derive(Debug, Default)]
+pub struct Samples {
+    pub ttft: Vec<f64>,
+    pub e2e: Vec<f64>,
+    pub output_tokens: u64,
+    pub finished: usize,
+    pub rejected: usize,
+    pub last_finish_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PolicyResult {
+    pub policy: String,
+    pub requests: usize,
+    pub rejected: usize,
+    /// Cached prompt tokens over prompt tokens, all tiers.
+    pub hit_ratio: f64,
+    pub hit_ratio_gpu: f64,
+    pub hit_ratio_host: f64,
+    pub hit_ratio_network: f64,
+    pub ttft_mean_s: f64,
+    pub ttft_p50_s: f64,
+    pub ttft_p90_s: f64,
+    pub ttft_p99_s: f64,
+    pub e2e_p50_s: f64,
+    pub output_tokens_per_s: f64,
+    /// Most prefill work on one replica over the mean.
+    pub load_imbalance: f64,
+    pub preemptions: u64,
+    /// TTFT of every request in seconds, sorted (for the CDF chart; not in the JSON).
+    #[serde(skip)]
+    pub ttft_sorted_s: Vec<f64>,
+}
+
+impl Samples {
+    pub fn finish(self, policy: &str, stats: &[EngineStats], prefill_tokens: &[u64]) -> PolicyResult {
+        let sum = |field: fn(&EngineStats) -> u64| stats.iter().map(field).sum::<u64>() as f64;
+        let prompt = sum(|s| s.prompt_tokens_total).max(1.0);
+        let (gpu, host, network) =
+            (sum(|s| s.prefix_hit_tokens_total), sum(|s| s.host_hit_tokens_total), sum(|s| s.network_hit_tokens_total));
+        let ttft = latency(self.ttft.clone());
+        let e2e = latency(self.e2e);
+        let mean_prefill = prefill_tokens.iter().sum::<u64>() as f64 / prefill_tokens.len().max(1) as f64;
+        let max_prefill = prefill_tokens.iter().copied().max().unwrap_or(0) as f64;
+        let mut ttft_sorted_s = self.ttft;
+        ttft_sorted_s.sort_by(f64::total_cmp);
+        PolicyResult {
+            policy: policy.to_string(),
+            requests: self.finished,
+            rejected: self.rejected,
+            hit_ratio: (gpu + host + network) / prompt,
+            hit_ratio_gpu: gpu / prompt,
+            hit_ratio_host: host / prompt,
+            hit_ratio_network: network / prompt,
+            ttft_mean_s: ttft.mean_ms / 1e3,
+            ttft_p50_s: ttft.p50_ms / 1e3,
+            ttft_p90_s: ttft.p90_ms / 1e3,
+            ttft_p99_s: ttft.p99_ms / 1e3,
+            e2e_p50_s: e2e.p50_ms / 1e3,
+            output_tokens_per_s: if self.last_finish_s > 0.0 {
+                self.output_tokens as f64 / self.last_finish_s
+            } else {
+                0.0
+            },
+            load_imbalance: if mean_prefill > 0.0 { max_prefill / mean_prefill } else { 1.0 },
+            preemptions: stats.iter().map(|s| s.preemptions_recompute + s.preemptions_swap).sum(),
+            ttft_sorted_s,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct SimReport {
+    pub bound_hit_ratio: f64,
+    pub results: Vec<PolicyResult>,
+}
+
+impl SimReport {
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "{:<13} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>6} {:>7}\n",
+            "policy",
+            "requests",
+            "refuse",
+            "hit",
+            "gpu",
+            "host",
+            "net",
+            "ttft_mean",
+            "ttft_p50",
+            "ttft_p90",
+            "ttft_p99",
+            "e2e_p50",
+            "out_tok/s",
+            "imbal",
+            "preempt"
+        );
+        for r in &self.results {
+            out.push_str(&format!(
+                "{:<13} {:>8} {:>6} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>8.2} {:>9.0} {:>6.2} {:>7}\n",
+                r.policy,
+                r.requests,
+                r.rejected,
+                r.hit_ratio,
+                r.hit_ratio_gpu,
+                r.hit_ratio_host,
+                r.hit_ratio_network,
+                r.ttft_mean_s,
+                r.ttft_p50_s,
+                r.ttft_p90_s,
+                r.ttft_p99_s,
+                r.e2e_p50_s,
+                r.output_tokens_per_s,
+                r.load_imbalance,
+                r.preemptions
+            ));
+        }
+        out.push_str(&format!(
+            "{:<13} {:>8} {:>6} {:>6.3}   (one infinite cache)\n",
+            "oracle_bound", "", "", self.bound_hit_ratio
+        ));
+        out
+    }
+}
