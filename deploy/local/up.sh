@@ -15,8 +15,12 @@ grpc_port=50051
 agent_base_port=50061
 metrics_base_port=9101
 model=""
+policy="cache_aware"
+kv_cache_bytes="48MiB"
+build=1
 usage() {
   echo "usage: deploy/local/up.sh [--agents N] [--http-port P] [--grpc-port P] [--model tiny-random|FILE.gguf]"
+  echo "                          [--policy cache_aware|round_robin|least_loaded|...] [--kv-cache-bytes SIZE] [--no-build]"
 }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -24,6 +28,9 @@ while [ $# -gt 0 ]; do
     --http-port) http_port="$2"; shift 2 ;;
     --grpc-port) grpc_port="$2"; shift 2 ;;
     --model) model="$2"; shift 2 ;;
+    --policy) policy="$2"; shift 2 ;;
+    --kv-cache-bytes) kv_cache_bytes="$2"; shift 2 ;;
+    --no-build) build=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
   esac
@@ -41,8 +48,10 @@ cleanup() {
 }
 trap cleanup INT TERM EXIT
 
-echo "== building (release)"
-cargo build -j"${KVROUTE_BUILD_JOBS:-2}" --release --quiet -p kvroute-gateway -p kvroute-node-agent
+if [ "$build" = 1 ]; then
+  echo "== building (release)"
+  cargo build -j"${KVROUTE_BUILD_JOBS:-2}" --release --quiet -p kvroute-gateway -p kvroute-node-agent
+fi
 
 if [ -z "$model" ]; then
   if model=$(scripts/fetch-model.sh 2>"$run_dir/fetch-model.log"); then
@@ -76,14 +85,14 @@ for i in $(seq 0 $((agents - 1))); do
   mport=$((metrics_base_port + i))
   # Small pools so eviction and tiering show within minutes of traffic.
   target/release/node-agent --model "$model" --agent-id "agent-$i" --listen "127.0.0.1:$port" \
-    --metrics-addr "127.0.0.1:$mport" --kv-cache-bytes 48MiB --host-cache-bytes 96MiB "${redis_args[@]}" \
+    --metrics-addr "127.0.0.1:$mport" --kv-cache-bytes "$kv_cache_bytes" --host-cache-bytes 96MiB "${redis_args[@]}" \
     >"$run_dir/agent-$i.log" 2>&1 &
   pids+=($!)
   agent_list+=("127.0.0.1:$port")
 done
 agents_csv=$(IFS=,; echo "${agent_list[*]}")
 target/release/gateway --http-addr "127.0.0.1:$http_port" --grpc-addr "127.0.0.1:$grpc_port" \
-  --agents "$agents_csv" --tokenizer "$tokenizer" >"$run_dir/gateway.log" 2>&1 &
+  --agents "$agents_csv" --tokenizer "$tokenizer" --policy "$policy" >"$run_dir/gateway.log" 2>&1 &
 pids+=($!)
 
 echo -n "== waiting for the gateway to be ready"
