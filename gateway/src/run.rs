@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use tonic::transport::server::TcpIncoming;
 
 use anyhow::Context;
 
@@ -94,6 +95,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut http_stop = stop.subscribe();
+    // Small responses go out at once (no Nagle delay waiting for the client's delayed ACK).
+    let http = axum::serve::ListenerExt::tap_io(http, |tcp: &mut tokio::net::TcpStream| {
+        let _ = tcp.set_nodelay(true);
+    });
     let http_server = axum::serve(http, router_with_state(state)).with_graceful_shutdown(async move {
         let _ = http_stop.recv().await;
     });
@@ -104,7 +109,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let grpc_server = tonic::transport::Server::builder()
         .add_service(GenerateService::new(gateway.clone(), tenants).into_server())
         .add_service(reflection)
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(grpc), async move {
+        .serve_with_incoming_shutdown(TcpIncoming::from(grpc).with_nodelay(Some(true)), async move {
             let _ = grpc_stop.recv().await;
         });
     let http_task = tokio::spawn(async move { http_server.await });

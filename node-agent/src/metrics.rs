@@ -10,7 +10,7 @@ use kvroute_proto::domain::Tier;
 
 use crate::engine::{Engine, Executor, GenerateError};
 
-pub const KV_BLOCKS_TOTAL: &str = "kvroute_agent_kv_blocks_total";
+pub const KV_BLOCKS_TOTAL: &str = "kvroute_agent_kv_blocks";
 pub const KV_BLOCKS_USED: &str = "kvroute_agent_kv_blocks_used";
 pub const KV_BLOCKS_CACHED: &str = "kvroute_agent_kv_blocks_cached";
 pub const KV_BLOCKS_FREE: &str = "kvroute_agent_kv_blocks_free";

@@ -113,7 +113,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(kvroute_proto::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let drain_engine = engine.clone();
     tonic::transport::Server::builder()
         .add_service(service.into_server())

@@ -15,7 +15,7 @@ use kvroute_test_support::{ChildProcess, free_port, wait_for_tcp};
 use tonic::Code;
 
 struct Agent {
-    _process: ChildProcess,
+    process: ChildProcess,
     grpc: SocketAddr,
     metrics: SocketAddr,
 }
@@ -31,7 +31,7 @@ fn start_agent(extra: &[&str]) -> Agent {
     let process = ChildProcess::spawn("node-agent", &mut command).unwrap();
     wait_for_tcp(grpc, Duration::from_secs(60)).unwrap();
     wait_for_tcp(metrics, Duration::from_secs(10)).unwrap();
-    Agent { _process: process, grpc, metrics }
+    Agent { process, grpc, metrics }
 }
 
 async fn client(addr: SocketAddr) -> AgentClient<tonic::transport::Channel> {
@@ -117,7 +117,7 @@ async fn generate_info_events_and_metrics() {
         body = http_get(agent.metrics, "/metrics");
     }
     for name in [
-        "kvroute_agent_kv_blocks_total",
+        "kvroute_agent_kv_blocks ",
         "kvroute_agent_kv_blocks_used",
         "kvroute_agent_kv_blocks_cached",
         "kvroute_agent_prefix_hit_tokens_total",
@@ -196,4 +196,36 @@ fn http_get(addr: SocketAddr, path: &str) -> String {
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     response
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_in_flight_work_tells_subscribers_and_exits() {
+    let mut agent = start_agent(&[]);
+    let mut events_client = client(agent.grpc).await;
+    let mut events =
+        events_client.subscribe_kv_events(pb::SubscribeKvEventsRequest::default()).await.unwrap().into_inner();
+    let mut generate_client = client(agent.grpc).await;
+    let mut stream = generate_client.generate(generate_request((1..40).collect(), 200)).await.unwrap().into_inner();
+    let first = stream.message().await.unwrap().expect("the request is running");
+    agent.process.signal(15).unwrap();
+    // The running request finishes in full.
+    let mut tokens = first.token_ids.len();
+    let mut usage = None;
+    while let Some(message) = stream.message().await.unwrap() {
+        tokens += message.token_ids.len();
+        usage = usage.or(message.usage);
+    }
+    assert_eq!(tokens, 200);
+    assert_eq!(usage.expect("final usage").completion_tokens, 200);
+    // Subscribers see `draining`, then their stream ends (a gateway stops routing here).
+    let mut saw_draining = false;
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(batch)) = events.message().await {
+            saw_draining |= batch.load.is_some_and(|load| load.draining);
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the event stream did not end after the drain");
+    assert!(saw_draining, "no batch said the agent was draining");
+    assert_eq!(agent.process.wait_exit(Duration::from_secs(10)), Some(0), "the agent exits 0 after draining");
 }

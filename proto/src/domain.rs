@@ -273,6 +273,7 @@ pub struct LoadStats {
     pub network_bytes_per_second: f64,
     pub network_tier_up: bool,
     pub draining: bool,
+    /// Requests the agent queues at most (those waiting included); 0 when unknown.
     pub queue_capacity: u32,
 }
 

@@ -236,6 +236,11 @@ impl<E: Executor> EngineLoop<E> {
                 self.publish(Vec::new());
                 self.next_heartbeat = Instant::now() + HEARTBEAT;
             }
+            // Drained: subscribers were told (`draining` in every batch since the drain began); ending their
+            // streams lets the server's graceful shutdown finish instead of waiting on them forever.
+            if self.draining && !self.engine.has_work() {
+                self.subscribers.clear();
+            }
         }
     }
 
@@ -289,7 +294,7 @@ impl<E: Executor> EngineLoop<E> {
             network_bytes_per_second: self.network.as_ref().map_or(0.0, NetworkTier::read_bandwidth),
             network_tier_up: self.network.as_ref().is_some_and(NetworkTier::is_up),
             draining: self.draining,
-            queue_capacity: self.engine.config().max_waiting.saturating_sub(self.engine.num_waiting()) as u32,
+            queue_capacity: self.engine.config().max_waiting as u32,
         }
     }
 
