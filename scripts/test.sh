@@ -19,6 +19,10 @@ if ! command -v redis-server >/dev/null 2>&1 && [ ! -x /usr/bin/redis-server ]; 
   fi
 fi
 
+echo "== promtool (Debian's prometheus package), for the /metrics test"
+PROMTOOL=$(scripts/tools/promtool.sh)
+export PROMTOOL
+
 echo "== fetching the demo model"
 scripts/fetch-model.sh
 echo "== the official OpenAI Python client, for the compatibility test"
@@ -38,3 +42,7 @@ took "clippy"
 echo "== cargo test"
 cargo test -j"$jobs" --workspace
 took "the build and the tests"
+
+echo "== Helm chart, Kubernetes manifests, Prometheus rules and the Grafana dashboard"
+deploy/helm-check.sh
+took "the deployment checks"

@@ -1,0 +1,218 @@
+//! The monitoring files against live services: a real node-agent (tiny-random, a small KV pool, a
+//! host-RAM tier and a real Redis tier) and a real gateway on free loopback ports get traffic that
+//! exercises every dashboard panel (cache hits, evictions, spills to and reloads from Redis,
+//! write-through, a prefix-churn alarm). Then every `kvroute_*` series name used in
+//! `deploy/grafana/kvroute-dashboard.json` and `deploy/prometheus/alerts.yml` must appear in the
+//! `/metrics` of the service it belongs to, and both `/metrics` bodies must pass
+//! `promtool check metrics`.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvroute_test_support::{
+    ChildProcess, RedisServer, free_port, http_request, project_binary, repo_root, wait_for_tcp,
+};
+use serde_json::json;
+
+/// One set of services at a time: several processes on a small machine.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+const MONITORING_FILES: [&str; 2] = ["deploy/grafana/kvroute-dashboard.json", "deploy/prometheus/alerts.yml"];
+
+struct Services {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    _redis: RedisServer,
+    _agent: ChildProcess,
+    _gateway: ChildProcess,
+    http: SocketAddr,
+    agent_metrics: SocketAddr,
+}
+
+fn addr() -> SocketAddr {
+    format!("127.0.0.1:{}", free_port()).parse().unwrap()
+}
+
+/// Redis, one agent whose pool (24 blocks) and host tier (64 KiB, a few blocks) overflow quickly, a gateway.
+fn start() -> Services {
+    let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let redis = RedisServer::start();
+    let (grpc, agent_metrics) = (addr(), addr());
+    let mut command = Command::new(project_binary("kvroute-node-agent", "node-agent"));
+    command
+        .args(["--model", "tiny-random", "--num-blocks", "24", "--host-cache-bytes", "64KiB"])
+        .args(["--redis-url", &redis.url(), "--agent-id", "agent-0"])
+        .args(["--listen", &grpc.to_string(), "--metrics-addr", &agent_metrics.to_string()])
+        .stderr(Stdio::null());
+    let agent = ChildProcess::spawn("node-agent", &mut command).unwrap();
+    wait_for_tcp(grpc, Duration::from_secs(60)).unwrap();
+    let http = addr();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
+    command
+        .args(["--http-addr", &http.to_string(), "--grpc-addr", &addr().to_string()])
+        .args(["--agents", &grpc.to_string()])
+        .stderr(Stdio::null());
+    let gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
+    wait_for_tcp(http, Duration::from_secs(30)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http_request(http, "GET", "/ready", &[], b"").unwrap().status != 200 {
+        assert!(Instant::now() < deadline, "the gateway did not become ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Services { _serial: serial, _redis: redis, _agent: agent, _gateway: gateway, http, agent_metrics }
+}
+
+fn complete(services: &Services, prompt: &str) {
+    let body = json!({"prompt": prompt, "max_tokens": 2, "temperature": 0}).to_string();
+    let response = http_request(
+        services.http,
+        "POST",
+        "/v1/completions",
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(response.status, 200, "{}", response.text());
+}
+
+/// Traffic that makes every metric of the monitoring files appear.
+fn drive_traffic(services: &Services) {
+    let shared = "You are a careful assistant for accounting. ".repeat(14);
+    // Repeats: prefix-cache hits, and hot blocks written through to Redis.
+    for _ in 0..3 {
+        complete(services, &shared);
+    }
+    // Prompts that differ at their first block (a churn alarm) and overflow the pool and host RAM.
+    for ticket in 0..6 {
+        complete(services, &format!("Ticket {ticket}: rivers and lakes of the northern region. ").repeat(12));
+    }
+    std::thread::sleep(Duration::from_millis(300)); // spills reach Redis
+    // The shared prefix left the pool: reloaded from a lower tier.
+    complete(services, &shared);
+}
+
+fn scrape(addr: SocketAddr) -> String {
+    let response = http_request(addr, "GET", "/metrics", &[], b"").unwrap();
+    assert_eq!(response.status, 200, "GET /metrics on {addr}");
+    response.text()
+}
+
+/// Series names in a Prometheus text exposition (`name{labels} value` or `name value`).
+fn series_names(body: &str) -> BTreeSet<String> {
+    body.lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .filter_map(|line| line.split(['{', ' ']).next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every `kvroute_*` name a monitoring file uses, with the file.
+fn referenced_names() -> Vec<(String, &'static str)> {
+    let mut names = BTreeSet::new();
+    for file in MONITORING_FILES {
+        let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
+        for (start, _) in text.match_indices("kvroute_") {
+            let name: String = text[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            names.insert((name, file));
+        }
+    }
+    names.into_iter().collect()
+}
+
+/// Names used in the monitoring files that the service they belong to does not export.
+fn missing(gateway: &BTreeSet<String>, agent: &BTreeSet<String>) -> Vec<String> {
+    referenced_names()
+        .into_iter()
+        .filter(|(name, _)| {
+            let exported = if name.starts_with("kvroute_gateway_") { gateway } else { agent };
+            !exported.contains(name)
+        })
+        .map(|(name, file)| format!("{name} (in {file})"))
+        .collect()
+}
+
+#[test]
+fn monitoring_files_use_only_exported_series() {
+    let referenced = referenced_names();
+    assert!(referenced.iter().any(|(name, _)| name.starts_with("kvroute_gateway_")), "no gateway metric is used");
+    assert!(referenced.iter().any(|(name, _)| name.starts_with("kvroute_agent_")), "no agent metric is used");
+    let services = start();
+    drive_traffic(&services);
+    // Agents publish their engine's state at heartbeats: wait until the series are there.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let gateway = series_names(&scrape(services.http));
+        let agent = series_names(&scrape(services.agent_metrics));
+        let missing = missing(&gateway, &agent);
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "series used by the monitoring files but not exported:\n  {}\ngateway exports: {gateway:?}\nagent exports: {agent:?}",
+            missing.join("\n  ")
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// `promtool`: `$PROMTOOL`, then `PATH`, then the Debian path.
+fn promtool() -> PathBuf {
+    if let Some(path) = std::env::var_os("PROMTOOL") {
+        return PathBuf::from(path);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("promtool"))
+        .chain([PathBuf::from("/usr/bin/promtool")])
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "promtool is not installed: this test checks /metrics with it. Install it with \
+                 `apt-get install -y --no-install-recommends prometheus` (or run scripts/tools/promtool.sh, \
+                 which does), or set PROMTOOL=/path/to/promtool"
+            )
+        })
+}
+
+fn promtool_check_metrics(promtool: &PathBuf, body: &str) -> Result<(), String> {
+    let mut child = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)))
+    }
+}
+
+#[test]
+fn both_metrics_endpoints_pass_promtool_check_metrics() {
+    let promtool = promtool();
+    let services = start();
+    drive_traffic(&services);
+    std::thread::sleep(Duration::from_secs(1)); // a heartbeat publishes the agent's engine state
+    let mut failures = Vec::new();
+    for (service, addr) in [("gateway", services.http), ("node-agent", services.agent_metrics)] {
+        let body = scrape(addr);
+        assert!(body.contains("kvroute_"), "{service} /metrics has no kvroute series");
+        if let Err(problems) = promtool_check_metrics(&promtool, &body) {
+            failures.push(format!("{service} /metrics:\n{problems}"));
+        }
+    }
+    assert!(failures.is_empty(), "promtool check metrics failed:\n{}", failures.join("\n"));
+}
