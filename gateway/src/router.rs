@@ -82,10 +82,14 @@ impl Router {
             .filter_map(|replica| {
                 let state = replica.state();
                 let info = state.info?;
+                let mut load = state.load;
+                // What this gateway sent since the last batch is not in it yet.
+                load.waiting_requests = load.waiting_requests.saturating_add(state.sent_since_batch);
+                load.queued_prefill_tokens = load.queued_prefill_tokens.saturating_add(state.sent_tokens_since_batch);
                 Some(ReplicaView {
                     id: replica.id,
                     healthy: state.healthy,
-                    load: state.load,
+                    load,
                     block_size: info.block_size,
                     bytes_per_block: info.kv_geometry.bytes_per_block(info.block_size),
                 })

@@ -226,9 +226,13 @@ impl Gateway {
             if attempt > 0 {
                 metrics::record_retry();
             }
+            // Counted before the first token comes back: requests routed during this one's prefill see its
+            // blocks as pending here and its work in this replica's queue.
+            self.router.sent(replica, &hashes);
+            let cached = if attempt == 0 { plan.predicted_cached_tokens } else { 0 };
+            self.pool.note_sent(replica, spec.prompt.len().saturating_sub(cached) as u64);
             match self.start_on(replica, &request).await {
                 Ok((first, upstream)) => {
-                    self.router.sent(replica, &hashes);
                     let (sender, receiver) = mpsc::channel(64);
                     let stream = TextStream::new(&self.tokenizer, &spec, self.config.inter_token_timeout);
                     tokio::spawn(stream.run(first, upstream, sender));

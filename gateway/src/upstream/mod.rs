@@ -75,6 +75,10 @@ pub struct ReplicaState {
     /// Why the replica was refused (mismatched model or block size).
     pub refused: Option<String>,
     pub resubscriptions: u64,
+    /// Requests this gateway sent since the replica's last event batch, and their prompt tokens not
+    /// expected from a cache: load the batch does not show yet (reset by each batch).
+    pub sent_since_batch: u32,
+    pub sent_tokens_since_batch: u64,
 }
 
 /// One replica.
@@ -99,6 +103,14 @@ impl Replica {
 
     pub fn is_healthy(&self) -> bool {
         self.state.read().map(|state| state.healthy).unwrap_or(false)
+    }
+
+    /// Records a request sent to this replica (see [`ReplicaState::sent_since_batch`]).
+    pub fn note_sent(&self, uncached_tokens: u64) {
+        self.update(|state| {
+            state.sent_since_batch = state.sent_since_batch.saturating_add(1);
+            state.sent_tokens_since_batch = state.sent_tokens_since_batch.saturating_add(uncached_tokens);
+        });
     }
 
     fn update(&self, change: impl FnOnce(&mut ReplicaState)) {
@@ -184,6 +196,13 @@ impl Pool {
             self.replicas.read().map(|replicas| replicas.values().cloned().collect()).unwrap_or_default();
         all.sort_by_key(|replica| replica.id);
         all
+    }
+
+    /// Records a request sent to replica `id` ([`Replica::note_sent`]).
+    pub fn note_sent(&self, id: ReplicaId, uncached_tokens: u64) {
+        if let Some(replica) = self.get(id) {
+            replica.note_sent(uncached_tokens);
+        }
     }
 
     pub fn get(&self, id: ReplicaId) -> Option<Arc<Replica>> {

@@ -123,6 +123,8 @@ async fn subscribe_once(pool: &Pool, replica: &Replica) -> Ended {
         replica.update(|state| {
             state.healthy = healthy;
             state.load = batch.load;
+            state.sent_since_batch = 0;
+            state.sent_tokens_since_batch = 0;
             state.last_seen = Some(Instant::now());
         });
     }
