@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Runs the simulator comparisons recorded in docs/benchmarks.md and keeps every report in .run/sim/.
+#   bench/sim-report.sh            # all of them (tens of minutes on 2 cores)
+#   bench/sim-report.sh NAME...    # some of them: trace, trace-no-tiers, trace-32, workloads, workloads-32, shared-prefix, scale
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build -j"${KVROUTE_BUILD_JOBS:-2}" --release --quiet -p kvroute-bench --bin kvroute-sim
+sim=target/release/kvroute-sim
+trace=bench/testdata/mooncake_conversation_trace.jsonl
+out=.run/sim
+mkdir -p "$out"
+
+run() { # NAME ARGS...
+  local name="$1"
+  shift
+  echo "== $name: kvroute-sim $*"
+  local started=$SECONDS
+  "$sim" "$@" --json --plot "$out/$name" >"$out/$name.json"
+  python3 - "$out/$name.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"  one infinite cache: hit ratio {r['bound_hit_ratio']:.3f}")
+print("  policy        hit    gpu   host   net  ttft_mean ttft_p50 ttft_p99  out_tok/s imbal preempt")
+for p in r["results"]:
+    print(f"  {p['policy']:<13} {p['hit_ratio']:.3f} {p['hit_ratio_gpu']:.3f} {p['hit_ratio_host']:.3f} "
+          f"{p['hit_ratio_network']:.3f} {p['ttft_mean_s']:9.3f} {p['ttft_p50_s']:8.3f} {p['ttft_p99_s']:8.3f} "
+          f"{p['output_tokens_per_s']:10.0f} {p['load_imbalance']:5.2f} {p['preemptions']:7d}")
+EOF
+  echo "  ($((SECONDS - started)) s)"
+}
+
+want() { [ $# -eq 0 ] || [[ " $selected " == *" $1 "* ]]; }
+selected="$*"
+
+if want trace; then
+  run trace --trace "$trace" --replicas 8 --policy all --profile h100-llama3-8b --rate-scale 2
+fi
+if want trace-no-tiers; then
+  run trace-no-tiers --trace "$trace" --replicas 8 --policy all --profile h100-llama3-8b --rate-scale 2 \
+    --host-bytes 0 --network-bytes 0
+fi
+if want trace-32; then
+  run trace-32 --trace "$trace" --replicas 32 --policy all --profile h100-llama3-8b --rate-scale 8
+fi
+for workload in chat agent rag fewshot timestamp-top; do
+  if want workloads; then
+    run "$workload-8" --workload "$workload" --replicas 8 --policy all --sessions 400 --rate 6
+  fi
+  if want workloads-32; then
+    run "$workload-32" --workload "$workload" --replicas 32 --policy all --sessions 1600 --rate 24
+  fi
+done
+if want shared-prefix; then
+  run shared-prefix --workload shared-prefix --replicas 8 --policy all --requests 3000 --rate 4
+fi
+if want scale; then
+  for replicas in 8 32 128; do
+    run "scale-$replicas" --workload chat --replicas "$replicas" --policy cache_aware,round_robin,least_loaded \
+      --sessions $((50 * replicas)) --rate $((replicas * 3 / 4))
+  done
+fi
