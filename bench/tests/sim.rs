@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use kvroute_bench::sim::plan::{OpenRequest, Prompt};
 use kvroute_bench::sim::{CostProfile, Fleet, FleetConfig, MODEL_ID, Plan, PolicyResult};
-use kvroute_gateway::routing::PolicyKind;
+use kvroute_gateway::routing::{PolicyKind, ScoringConfig};
 use serde_json::Value;
 
 fn profile() -> CostProfile {
@@ -27,7 +27,14 @@ fn repeated(prompt_len: usize, repeats: usize) -> Plan {
 }
 
 fn simulate(plan: &Plan, policy: PolicyKind, replicas: usize) -> PolicyResult {
-    let config = FleetConfig { replicas, profile: profile(), policy, seed: 7, pending_ttl_ms: 3000 };
+    let config = FleetConfig {
+        replicas,
+        profile: profile(),
+        policy,
+        seed: 7,
+        pending_ttl_ms: 3000,
+        scoring: ScoringConfig::default(),
+    };
     Fleet::new(config, plan).unwrap().run()
 }
 
@@ -65,6 +72,7 @@ fn evicted_blocks_come_back_from_host_ram() {
         policy: PolicyKind::CacheAware,
         seed: 1,
         pending_ttl_ms: 3000,
+        scoring: ScoringConfig::default(),
     };
     let result = Fleet::new(config.clone(), &plan).unwrap().run();
     assert_eq!(result.hit_ratio_gpu, 0.0, "{result:?}");

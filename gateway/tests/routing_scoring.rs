@@ -126,6 +126,14 @@ fn cache_aware_choices() {
             Some(1),
         ),
         (
+            "with requests waiting everywhere, a miss costs them all: the holder wins despite a longer queue",
+            vec![
+                State { gpu: 125, waiting: 20, queued_tokens: 20_000, ..replica(0) },
+                State { waiting: 20, queued_tokens: 16_000, ..replica(1) },
+            ],
+            Some(0),
+        ),
+        (
             "a holder with a short queue still wins",
             vec![State { gpu: 125, queued_tokens: 500, ..replica(0) }, replica(1)],
             Some(0),

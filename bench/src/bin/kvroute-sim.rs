@@ -12,7 +12,7 @@ use kvroute_bench::sim::{
 };
 use kvroute_bench::trace;
 use kvroute_bench::workload::{WorkloadConfig, WorkloadKind};
-use kvroute_gateway::routing::PolicyKind;
+use kvroute_gateway::routing::{PolicyKind, ScoringConfig};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -52,6 +52,9 @@ struct Args {
     /// How long a routed prefix counts as pending on its replica (the gateway's --pending-ttl-ms).
     #[arg(long, default_value_t = 3000)]
     pending_ttl_ms: u64,
+    /// cache_aware: weight of a request's work as the requests waiting at a replica pay it (0: own TTFT only).
+    #[arg(long, default_value_t = ScoringConfig::default().congestion_weight)]
+    congestion_weight: f64,
     /// Synthetic workloads: sessions.
     #[arg(long, default_value_t = 200)]
     sessions: usize,
@@ -101,6 +104,10 @@ fn main() -> std::process::ExitCode {
 fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.rate_scale.is_finite() && args.rate_scale > 0.0, "--rate-scale must be positive");
     anyhow::ensure!(args.rate.is_finite() && args.rate > 0.0, "--rate must be positive");
+    anyhow::ensure!(
+        args.congestion_weight.is_finite() && args.congestion_weight >= 0.0,
+        "--congestion-weight must be a number, at least 0"
+    );
     let mut profile = CostProfile::load(&args.profile)?;
     for (value, field, name) in [
         (args.host_bytes, &mut profile.host_bytes, "--host-bytes"),
@@ -124,6 +131,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             policy,
             seed: args.seed,
             pending_ttl_ms: args.pending_ttl_ms,
+            scoring: ScoringConfig { congestion_weight: args.congestion_weight, ..ScoringConfig::default() },
         })
         .collect();
     let results = run_all(configs, &plan)?;

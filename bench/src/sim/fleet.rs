@@ -38,6 +38,8 @@ pub struct FleetConfig {
     pub seed: u64,
     /// How long a routed prefix counts as pending on its replica.
     pub pending_ttl_ms: u64,
+    /// The routing tunables (the gateway's defaults unless an experiment changes them).
+    pub scoring: ScoringConfig,
 }
 
 type Outputs = Arc<Mutex<Vec<(usize, Output)>>>;
@@ -109,7 +111,7 @@ impl<'a> Fleet<'a> {
             }
         }
         let mut fleet = Fleet {
-            policy: Policy::new(config.policy, ScoringConfig::default()),
+            policy: Policy::new(config.policy, config.scoring.clone()),
             rng: SplitMix64::new(config.seed),
             hasher: BlockHasher::new(profile.block_size as u32, MODEL_ID, b""),
             config,

@@ -90,6 +90,10 @@ pub struct ScoringConfig {
     pub kv_penalty: f64,
     /// Floor of the prompt prefill time the penalty multiplies, seconds.
     pub kv_penalty_min_seconds: f64,
+    /// The work a request brings to a replica is paid again by the requests that queue there while it runs;
+    /// with a queue of `w` waiting requests (about as many as will come after it), the ranking score adds
+    /// `congestion_weight * w * (compute + reload time)`. 0 ranks by the request's own TTFT alone.
+    pub congestion_weight: f64,
     /// Scores within this fraction of the best are near-ties...
     pub near_tie_relative: f64,
     /// ...or within this many seconds.
@@ -135,6 +139,7 @@ impl Default for ScoringConfig {
             kv_watermark: 0.9,
             kv_penalty: 1.0,
             kv_penalty_min_seconds: 0.01,
+            congestion_weight: 1.0,
             near_tie_relative: 0.05,
             near_tie_absolute_seconds: 0.001,
             default_prefill_tokens_per_second: 5_000.0,
@@ -191,6 +196,9 @@ pub struct Prediction {
     pub ttft_s: f64,
     /// Added to the ranking score above the KV watermark (0 below it).
     pub kv_penalty_s: f64,
+    /// Added to the ranking score: this request's work as the waiting requests pay it
+    /// ([`ScoringConfig::congestion_weight`]).
+    pub congestion_s: f64,
 }
 
 /// One replica's line in a [`Decision`].
@@ -291,6 +299,7 @@ pub fn predict(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize, co
     } else {
         0.0
     };
+    let congestion_s = config.congestion_weight * f64::from(load.waiting_requests) * (compute_s + host_s + network_s);
     Prediction {
         queue_wait_s,
         compute_s,
@@ -298,6 +307,7 @@ pub fn predict(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize, co
         network_s,
         ttft_s: queue_wait_s + compute_s + host_s + network_s,
         kv_penalty_s,
+        congestion_s,
     }
 }
 
@@ -322,7 +332,7 @@ pub fn candidates(
                 predicted_ttft_s: prediction.ttft_s,
                 prediction,
                 over_kv_watermark: view.load.kv_usage() > config.kv_watermark,
-                policy_score: prediction.ttft_s + prediction.kv_penalty_s,
+                policy_score: prediction.ttft_s + prediction.kv_penalty_s + prediction.congestion_s,
                 excluded: view.exclusion(),
             }
         })
