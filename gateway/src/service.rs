@@ -230,8 +230,8 @@ impl Gateway {
             // blocks as pending here and its work in this replica's queue.
             self.router.sent(replica, &hashes);
             let cached = if attempt == 0 { plan.predicted_cached_tokens } else { 0 };
-            self.pool.note_sent(replica, spec.prompt.len().saturating_sub(cached) as u64);
-            match self.start_on(replica, &request).await {
+            let uncached = spec.prompt.len().saturating_sub(cached) as u64;
+            match self.start_on(replica, &request, uncached).await {
                 Ok((first, upstream)) => {
                     let (sender, receiver) = mpsc::channel(64);
                     let stream = TextStream::new(&self.tokenizer, &spec, self.config.inter_token_timeout);
@@ -259,15 +259,18 @@ impl Gateway {
         })
     }
 
-    /// Calls one replica and waits for its first message.
+    /// Calls one replica, counting the request's `uncached_tokens` as load there until its next event
+    /// batch, and waits for its first message.
     async fn start_on(
         &self,
         replica: ReplicaId,
         request: &AgentGenerateRequest,
+        uncached_tokens: u64,
     ) -> Result<(pb::AgentGenerateResponse, Upstream), ServiceError> {
         let Some(handle) = self.pool.get(replica) else {
             return Err(ServiceError::NoReplica("the replica left".into()));
         };
+        handle.note_sent(uncached_tokens);
         let mut client = handle.client.clone();
         let call = async {
             let mut upstream = client.generate(pb::AgentGenerateRequest::from(request.clone())).await?.into_inner();

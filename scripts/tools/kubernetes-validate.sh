@@ -5,21 +5,5 @@
 set -euo pipefail
 
 version="1.37.0"
-venv="${KVROUTE_CACHE:-$HOME/.cache/kvroute}/kubernetes-validate-$version"
-if [ -x "$venv/bin/kubernetes-validate" ] && "$venv/bin/kubernetes-validate" --version >/dev/null 2>&1; then
-  echo "$venv/bin/kubernetes-validate"
-  exit 0
-fi
-python=$(command -v python3 || command -v python || true)
-if [ -z "$python" ]; then
-  echo "kubernetes-validate.sh: python3 is needed" >&2
-  exit 1
-fi
-rm -rf "$venv"
-mkdir -p "$(dirname "$venv")"
-if ! "$python" -m venv "$venv" >&2 || ! "$venv/bin/python" -m pip install --quiet "kubernetes-validate==$version" >&2; then
-  echo "kubernetes-validate.sh: could not install kubernetes-validate==$version into $venv" >&2
-  rm -rf "$venv"
-  exit 1
-fi
+venv=$("$(dirname "$0")/pip-venv.sh" "kubernetes-validate-$version" "kubernetes-validate==$version")
 echo "$venv/bin/kubernetes-validate"

@@ -3,8 +3,7 @@
 //! [`PrefixIndex`] and [`Policy`] fed by the replicas' KV events, all stepped in virtual time.
 //! Deterministic: one thread, a seeded random source, events ordered by (time, sequence number).
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex};
 
 use kvroute_gateway::routing::{
@@ -66,6 +65,33 @@ struct Live {
     generated: Vec<u32>,
 }
 
+/// An event at a virtual time; ordered by (time, sequence number) alone, earliest first in the heap.
+struct Scheduled {
+    at_ns: u64,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at_ns, self.seq) == (other.at_ns, other.seq)
+    }
+}
+
+impl Eq for Scheduled {}
+
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (other.at_ns, other.seq).cmp(&(self.at_ns, self.seq))
+    }
+}
+
 enum Event {
     Open(usize),
     Turn { session: usize, turn: usize },
@@ -82,8 +108,7 @@ pub struct Fleet<'a> {
     policy: Policy,
     rng: SplitMix64,
     hasher: BlockHasher,
-    queue: BinaryHeap<Reverse<(u64, u64)>>,
-    events: HashMap<u64, Event>,
+    queue: BinaryHeap<Scheduled>,
     next_event: u64,
     now: f64,
     live: Vec<Live>,
@@ -120,7 +145,6 @@ impl<'a> Fleet<'a> {
             store,
             index,
             queue: BinaryHeap::new(),
-            events: HashMap::new(),
             next_event: 0,
             now: 0.0,
             live: Vec::new(),
@@ -138,14 +162,13 @@ impl<'a> Fleet<'a> {
 
     /// Runs until every request has finished or been refused.
     pub fn run(mut self) -> PolicyResult {
-        while let Some(Reverse((at, key))) = self.queue.pop() {
-            self.now = at as f64 / 1e9;
-            let Some(event) = self.events.remove(&key) else { continue };
+        while let Some(Scheduled { at_ns, event, .. }) = self.queue.pop() {
+            self.now = at_ns as f64 / 1e9;
             match event {
                 Event::Open(index) => {
                     let request = &self.plan.open[index];
-                    let prompt = self.plan.prompt(&request.prompt);
-                    self.arrive(prompt.to_vec(), request.output_tokens, None);
+                    let prompt = Arc::unwrap_or_clone(self.plan.prompt(&request.prompt));
+                    self.arrive(prompt, request.output_tokens, None);
                 }
                 Event::Turn { session, turn } => {
                     let state = &self.plan.sessions[session];
@@ -162,10 +185,9 @@ impl<'a> Fleet<'a> {
     }
 
     fn schedule(&mut self, at_s: f64, event: Event) {
-        let key = self.next_event;
+        let seq = self.next_event;
         self.next_event += 1;
-        self.events.insert(key, event);
-        self.queue.push(Reverse(((at_s.max(0.0) * 1e9) as u64, key)));
+        self.queue.push(Scheduled { at_ns: (at_s.max(0.0) * 1e9) as u64, seq, event });
     }
 
     fn now_ms(&self) -> u64 {

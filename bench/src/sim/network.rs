@@ -1,47 +1,54 @@
 //! The shared network tier of a simulated fleet: a byte-bounded store of blocks with Redis's
 //! `allkeys-lru` behaviour, and the events the agents would publish about it.
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use kvroute_node_agent::tiers::host::{BlockBytes, HostTier};
+use kvroute_proto::BlockHash;
 use kvroute_proto::domain::{KvEvent, Tier};
-use kvroute_proto::{BlockHash, BlockHashMap};
 
-/// Blocks every replica can reload, least recently used first out.
-#[derive(Debug, Default)]
+/// Blocks every replica can reload, least recently used first out: the node-agent's own byte-bounded LRU
+/// ([`HostTier`]) holding a one-byte stand-in per block, so its byte budget counts blocks.
+#[derive(Debug)]
 pub struct NetworkStore {
-    capacity_blocks: usize,
-    stamps: BlockHashMap<u64>,
-    order: BTreeMap<u64, BlockHash>,
-    next_stamp: u64,
+    blocks: HostTier,
+    stand_in: BlockBytes,
     /// Events to publish, by the replica that caused them.
     events: Vec<(u16, KvEvent)>,
 }
 
 impl NetworkStore {
     pub fn new(capacity_blocks: usize) -> NetworkStore {
-        NetworkStore { capacity_blocks, ..NetworkStore::default() }
+        NetworkStore { blocks: HostTier::new(capacity_blocks as u64), stand_in: Arc::new(vec![0]), events: Vec::new() }
     }
 
     pub fn len(&self) -> usize {
-        self.stamps.len()
+        self.blocks.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.stamps.is_empty()
+        self.blocks.is_empty()
     }
 
     /// A replica writes a block (a spill from its host tier, or a write-through).
     pub fn put(&mut self, replica: u16, hash: BlockHash) {
-        if self.capacity_blocks == 0 {
+        if self.blocks.capacity_bytes() == 0 {
             return;
         }
-        self.touch(hash);
+        let evicted = self.blocks.insert(hash, self.stand_in.clone());
         self.record(replica, Tier::Network, hash, true);
-        while self.stamps.len() > self.capacity_blocks {
-            let Some((_, oldest)) = self.order.pop_first() else { break };
-            self.stamps.remove(&oldest);
+        for (oldest, _) in evicted {
             self.record(replica, Tier::Network, oldest, false);
         }
+    }
+
+    /// Leading blocks of `hashes` present, each read (and so made recent).
+    pub fn fetch_run(&mut self, hashes: &[BlockHash]) -> usize {
+        hashes.iter().take_while(|hash| self.blocks.get(hash).is_some()).count()
+    }
+
+    pub fn take_events(&mut self) -> Vec<(u16, KvEvent)> {
+        std::mem::take(&mut self.events)
     }
 
     /// Appends to the last event when it is of the same kind and replica (fewer, larger events).
@@ -52,27 +59,6 @@ impl NetworkStore {
             _ if stored => self.events.push((replica, KvEvent::Stored { tier, hashes: vec![hash] })),
             _ => self.events.push((replica, KvEvent::Removed { tier, hashes: vec![hash] })),
         }
-    }
-
-    /// Leading blocks of `hashes` present, each read (and so made recent).
-    pub fn fetch_run(&mut self, hashes: &[BlockHash]) -> usize {
-        let run = hashes.iter().take_while(|hash| self.stamps.contains_key(hash)).count();
-        for hash in &hashes[..run] {
-            self.touch(*hash);
-        }
-        run
-    }
-
-    pub fn take_events(&mut self) -> Vec<(u16, KvEvent)> {
-        std::mem::take(&mut self.events)
-    }
-
-    fn touch(&mut self, hash: BlockHash) {
-        if let Some(old) = self.stamps.insert(hash, self.next_stamp) {
-            self.order.remove(&old);
-        }
-        self.order.insert(self.next_stamp, hash);
-        self.next_stamp += 1;
     }
 }
 

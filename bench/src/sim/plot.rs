@@ -34,7 +34,6 @@ fn ttft_cdf(report: &SimReport) -> String {
     let (low, high) =
         if low.is_finite() && high > low { (low.log10().floor(), high.log10().ceil()) } else { (-3.0, 1.0) };
     let x = |seconds: f64| MARGIN + (seconds.max(1e-4).log10() - low) / (high - low) * (WIDTH - 2.0 * MARGIN);
-    let y = |fraction: f64| HEIGHT - MARGIN - fraction * (HEIGHT - 2.0 * MARGIN);
     let mut svg = header("TTFT CDF per policy");
     axes(&mut svg);
     let mut decade = low;
@@ -48,14 +47,7 @@ fn ttft_cdf(report: &SimReport) -> String {
         );
         decade += 1.0;
     }
-    for tick in [0.0, 0.5, 0.9, 0.99, 1.0] {
-        let _ = writeln!(
-            svg,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{tick}</text>",
-            MARGIN - 6.0,
-            y(tick) + 4.0
-        );
-    }
+    fraction_ticks(&mut svg, &[0.0, 0.5, 0.9, 0.99, 1.0]);
     for (i, result) in report.results.iter().enumerate() {
         let n = result.ttft_sorted_s.len().max(1) as f64;
         let step = (result.ttft_sorted_s.len() / 400).max(1);
@@ -64,7 +56,7 @@ fn ttft_cdf(report: &SimReport) -> String {
             .iter()
             .enumerate()
             .filter(|(k, _)| k % step == 0 || *k + 1 == result.ttft_sorted_s.len())
-            .map(|(k, &t)| format!("{:.1},{:.1}", x(t), y((k + 1) as f64 / n)))
+            .map(|(k, &t)| format!("{:.1},{:.1}", x(t), y_of((k + 1) as f64 / n)))
             .collect();
         let colour = COLOURS[i % COLOURS.len()];
         let _ = writeln!(
@@ -83,16 +75,8 @@ fn hit_ratio(report: &SimReport) -> String {
     axes(&mut svg);
     let count = report.results.len().max(1) as f64;
     let slot = (WIDTH - 2.0 * MARGIN) / count;
-    let y = |fraction: f64| HEIGHT - MARGIN - fraction * (HEIGHT - 2.0 * MARGIN);
-    for tick in [0.0, 0.25, 0.5, 0.75, 1.0] {
-        let _ = writeln!(
-            svg,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{tick}</text>",
-            MARGIN - 6.0,
-            y(tick) + 4.0
-        );
-    }
-    let bound = y(report.bound_hit_ratio);
+    fraction_ticks(&mut svg, &[0.0, 0.25, 0.5, 0.75, 1.0]);
+    let bound = y_of(report.bound_hit_ratio);
     let _ = writeln!(
         svg,
         "<line x1=\"{MARGIN}\" x2=\"{}\" y1=\"{bound:.1}\" y2=\"{bound:.1}\" stroke=\"black\" stroke-dasharray=\"4 3\"/>",
@@ -106,7 +90,7 @@ fn hit_ratio(report: &SimReport) -> String {
             ("host", result.hit_ratio_host, COLOURS[2]),
             ("network", result.hit_ratio_network, COLOURS[3]),
         ] {
-            let (top, bottom) = (y(base + value), y(base));
+            let (top, bottom) = (y_of(base + value), y_of(base));
             let _ = writeln!(
                 svg,
                 "<rect x=\"{left:.1}\" y=\"{top:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{colour}\"><title>{tier} {value:.3}</title></rect>",
@@ -130,6 +114,23 @@ fn hit_ratio(report: &SimReport) -> String {
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+/// The vertical position of a fraction (0 at the bottom axis, 1 at the top).
+fn y_of(fraction: f64) -> f64 {
+    HEIGHT - MARGIN - fraction * (HEIGHT - 2.0 * MARGIN)
+}
+
+/// Labels of fractions along the vertical axis.
+fn fraction_ticks(svg: &mut String, ticks: &[f64]) {
+    for tick in ticks {
+        let _ = writeln!(
+            svg,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{tick}</text>",
+            MARGIN - 6.0,
+            y_of(*tick) + 4.0
+        );
+    }
 }
 
 fn axes(svg: &mut String) {

@@ -198,13 +198,6 @@ impl Pool {
         all
     }
 
-    /// Records a request sent to replica `id` ([`Replica::note_sent`]).
-    pub fn note_sent(&self, id: ReplicaId, uncached_tokens: u64) {
-        if let Some(replica) = self.get(id) {
-            replica.note_sent(uncached_tokens);
-        }
-    }
-
     pub fn get(&self, id: ReplicaId) -> Option<Arc<Replica>> {
         self.replicas().into_iter().find(|replica| replica.id == id)
     }
