@@ -44,6 +44,13 @@ pub struct ServeArgs {
     /// Largest accepted request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// A client must send its request headers within this many milliseconds of starting them
+    /// (or of its previous response, on a kept-alive connection), or the connection is closed.
+    #[arg(long, default_value_t = 30_000)]
+    pub header_read_timeout_ms: u64,
+    /// A client must send its whole request body within this many milliseconds (else 408).
+    #[arg(long, default_value_t = 30_000)]
+    pub body_read_timeout_ms: u64,
     /// Block hashes kept in the prefix index.
     #[arg(long, default_value_t = IndexConfig::default().max_entries)]
     pub index_max_entries: usize,
@@ -80,8 +87,15 @@ impl ServeArgs {
         if self.agents.is_empty() && self.agents_dns.is_none() {
             return Err("give --agents host:port[,host:port...] or --agents-dns name:port".into());
         }
-        if self.max_attempts == 0 || self.heartbeat_timeout_ms == 0 || self.index_max_entries == 0 {
-            return Err("--max-attempts, --heartbeat-timeout-ms and --index-max-entries must be positive".into());
+        if self.max_attempts == 0
+            || self.heartbeat_timeout_ms == 0
+            || self.index_max_entries == 0
+            || self.header_read_timeout_ms == 0
+            || self.body_read_timeout_ms == 0
+        {
+            return Err("--max-attempts, --heartbeat-timeout-ms, --index-max-entries, --header-read-timeout-ms \
+                        and --body-read-timeout-ms must be positive"
+                .into());
         }
         if let Some(dns) = &self.agents_dns
             && !dns.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())

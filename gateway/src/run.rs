@@ -10,7 +10,7 @@ use anyhow::Context;
 use crate::chat::{ChatRenderer, LruTokenCache};
 use crate::config::ServeArgs;
 use crate::grpc::GenerateService;
-use crate::http::{AppState, router};
+use crate::http::AppState;
 use crate::replies::ReplyMemory;
 use crate::router::Router;
 use crate::routing::{IndexConfig, Policy, ScoringConfig};
@@ -78,6 +78,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tenants: tenants.clone(),
         metrics: Some(metrics),
         max_body_bytes: args.max_body_bytes,
+        body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
         replies: Arc::new(ReplyMemory::new(1 << 20)),
     });
 
@@ -95,13 +96,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut http_stop = stop.subscribe();
-    // Small responses go out at once (no Nagle delay waiting for the client's delayed ACK).
-    let http = axum::serve::ListenerExt::tap_io(http, |tcp: &mut tokio::net::TcpStream| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let http_server = axum::serve(http, router_with_state(state)).with_graceful_shutdown(async move {
-        let _ = http_stop.recv().await;
-    });
+    let http_server = crate::http::listener::serve(
+        http,
+        crate::http::router(state),
+        Duration::from_millis(args.header_read_timeout_ms),
+        async move {
+            let _ = http_stop.recv().await;
+        },
+    );
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(kvroute_proto::FILE_DESCRIPTOR_SET)
         .build_v1()?;
@@ -112,7 +114,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .serve_with_incoming_shutdown(TcpIncoming::from(grpc).with_nodelay(Some(true)), async move {
             let _ = grpc_stop.recv().await;
         });
-    let http_task = tokio::spawn(async move { http_server.await });
+    let http_task = tokio::spawn(http_server);
     let grpc_task = tokio::spawn(grpc_server);
     shutdown_signal().await;
     tracing::info!("shutting down: no new requests; finishing in-flight ones");
@@ -131,10 +133,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     pool.shutdown();
     Ok(())
-}
-
-fn router_with_state(state: Arc<AppState>) -> axum::Router {
-    router(state)
 }
 
 async fn shutdown_signal() {

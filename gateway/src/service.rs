@@ -56,6 +56,9 @@ pub enum ServiceError {
     UnknownModel(String),
     #[error("{0}")]
     TooLarge(String),
+    /// The client did not send its request in time.
+    #[error("{0}")]
+    Timeout(String),
     #[error("{0}")]
     Overloaded(String),
     #[error("{0}")]
@@ -75,6 +78,7 @@ impl ServiceError {
             ServiceError::BadRequest { .. } => 400,
             ServiceError::Unauthorized(_) => 401,
             ServiceError::UnknownModel(_) => 404,
+            ServiceError::Timeout(_) => 408,
             ServiceError::TooLarge(_) => 413,
             ServiceError::Overloaded(_) => 429,
             ServiceError::NoReplica(_) | ServiceError::Interrupted(_) => 503,
@@ -87,6 +91,7 @@ impl ServiceError {
             ServiceError::Unauthorized(_) => Code::Unauthenticated,
             ServiceError::UnknownModel(_) => Code::NotFound,
             ServiceError::TooLarge(_) => Code::OutOfRange,
+            ServiceError::Timeout(_) => Code::DeadlineExceeded,
             ServiceError::Overloaded(_) => Code::ResourceExhausted,
             ServiceError::NoReplica(_) | ServiceError::Interrupted(_) => Code::Unavailable,
         }
@@ -95,7 +100,9 @@ impl ServiceError {
     /// OpenAI's error `type` for the status.
     pub fn openai_type(&self) -> &'static str {
         match self {
-            ServiceError::BadRequest { .. } | ServiceError::TooLarge(_) => "invalid_request_error",
+            ServiceError::BadRequest { .. } | ServiceError::TooLarge(_) | ServiceError::Timeout(_) => {
+                "invalid_request_error"
+            }
             ServiceError::Unauthorized(_) => "authentication_error",
             ServiceError::UnknownModel(_) => "not_found_error",
             ServiceError::Overloaded(_) => "rate_limit_error",
@@ -116,6 +123,7 @@ impl ServiceError {
             ServiceError::Unauthorized(_) => "unauthorized",
             ServiceError::UnknownModel(_) => "unknown_model",
             ServiceError::TooLarge(_) => "too_large",
+            ServiceError::Timeout(_) => "timeout",
             ServiceError::Overloaded(_) => "overloaded",
             ServiceError::NoReplica(_) => "no_replica",
             ServiceError::Interrupted(_) => "interrupted",

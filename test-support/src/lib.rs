@@ -5,12 +5,15 @@
 //! - [`ChildProcess`]: a process of the project (or any binary) that is killed
 //!   and reaped when dropped, so a failing test leaves no orphans.
 //! - [`free_port`], [`wait_for_tcp`]: small helpers around loopback sockets.
+//! - [`services`]: node-agents and gateways as processes, and a streaming reader of their responses.
 //!
 //! A test that needs `redis-server` and cannot find it fails with a message
 //! saying how to install it; it never passes silently.
 
 // This crate exists for tests: failing loudly with a message is its job.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
+
+pub mod services;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -47,8 +47,15 @@ fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Tenant, Service
 
 /// Reads the body within the size limit and parses it as JSON.
 async fn parse_body<T: DeserializeOwned>(state: &AppState, body: Body) -> Result<T, ServiceError> {
-    let bytes: Bytes = axum::body::to_bytes(body, state.max_body_bytes)
+    let read = tokio::time::timeout(state.body_read_timeout, axum::body::to_bytes(body, state.max_body_bytes));
+    let bytes: Bytes = read
         .await
+        .map_err(|_| {
+            ServiceError::Timeout(format!(
+                "the request body did not arrive within {} ms",
+                state.body_read_timeout.as_millis()
+            ))
+        })?
         .map_err(|_| ServiceError::TooLarge(format!("the request body exceeds {} bytes", state.max_body_bytes)))?;
     if std::str::from_utf8(&bytes).is_err() {
         return Err(ServiceError::bad_request("the request body is not valid UTF-8", None));

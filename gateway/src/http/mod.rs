@@ -6,6 +6,7 @@
 //! [`ServiceError::http_status`], the one mapping of failures to statuses.
 
 pub mod handlers;
+pub mod listener;
 pub mod openai;
 
 use std::sync::Arc;
@@ -30,6 +31,8 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
+    /// How long a client may take to send its request body.
+    pub body_read_timeout: std::time::Duration,
     /// Remembers the exact token ids of replies this gateway generated.
     pub replies: Arc<crate::replies::ReplyMemory>,
 }

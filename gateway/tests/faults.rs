@@ -1,0 +1,432 @@
+//! Faults over the real processes: agents killed mid-stream, frozen and
+//! resumed, restarted one by one under load; a gateway restarted (its index
+//! comes back from the agents' snapshots) and stopped with SIGTERM while a
+//! stream is in flight; clients that drip their headers or body; Redis killed,
+//! full, or holding corrupted records. Each test says what the client sees.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use kvroute_test_support::services::{AgentProcess, EventStream, GatewayProcess, metric_sum};
+use kvroute_test_support::{RedisServer, http_request};
+use serde_json::{Value, json};
+
+/// Tests of this file run one at a time: each is several processes on a small machine.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+const SIGTERM: i32 = 15;
+const SIGKILL: i32 = 9;
+const SIGCONT: i32 = 18;
+const SIGSTOP: i32 = 19;
+const HEARTBEAT: &[&str] = &["--heartbeat-timeout-ms", "1500"];
+
+fn agents(count: usize, extra: &[&str]) -> Vec<AgentProcess> {
+    (0..count)
+        .map(|i| {
+            let id = format!("agent-{i}");
+            AgentProcess::start(
+                &[&["--model", "tiny-random", "--num-blocks", "512", "--agent-id", &id], extra].concat(),
+            )
+        })
+        .collect()
+}
+
+fn grpc_addrs(agents: &[AgentProcess]) -> Vec<SocketAddr> {
+    agents.iter().map(|agent| agent.grpc).collect()
+}
+
+fn post(http: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    let headers = [("Content-Type", "application/json")];
+    match http_request(http, "POST", path, &headers, body.to_string().as_bytes()) {
+        Ok(response) => (response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null)),
+        Err(error) => (0, json!({ "io_error": error.to_string() })),
+    }
+}
+
+fn complete(http: SocketAddr, prompt: &str, max_tokens: u32) -> Value {
+    let (status, response) = post(http, "/v1/completions", &json!({"prompt": prompt, "max_tokens": max_tokens}));
+    assert_eq!(status, 200, "{response}");
+    response
+}
+
+fn cached_tokens(response: &Value) -> u64 {
+    response["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+}
+
+fn prompt(topic: &str) -> String {
+    format!("You are a careful assistant for {topic}. ").repeat(12)
+}
+
+/// The replica the gateway would choose for `prompt`, and the GPU blocks it holds of it, per replica.
+fn explain(http: SocketAddr, prompt: &str) -> (String, Vec<(String, u64)>) {
+    let (status, explained) = post(http, "/debug/route", &json!({"prompt": prompt}));
+    assert_eq!(status, 200, "{explained}");
+    let held = explained["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|candidate| {
+            (candidate["replica"].as_str().unwrap().to_string(), candidate["gpu_blocks"].as_u64().unwrap_or(0))
+        })
+        .collect();
+    (explained["chosen"].as_str().unwrap_or_default().to_string(), held)
+}
+
+fn gpu_blocks_on(held: &[(String, u64)], replica: &str) -> u64 {
+    held.iter().find(|(name, _)| name == replica).map_or(0, |(_, blocks)| *blocks)
+}
+
+/// Sends completions from `threads` threads until stopped; returns every status seen (0: no HTTP answer).
+struct Load {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<Vec<(u16, String)>>>,
+}
+
+impl Load {
+    fn start(http: SocketAddr, threads: usize, topics: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..threads)
+            .map(|thread| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut seen = Vec::new();
+                    let mut i = thread;
+                    while !stop.load(Ordering::Relaxed) {
+                        let body = json!({"prompt": prompt(&format!("topic {}", i % topics)), "max_tokens": 4});
+                        let (status, response) = post(http, "/v1/completions", &body);
+                        seen.push((status, response.to_string()));
+                        i += 1;
+                    }
+                    seen
+                })
+            })
+            .collect();
+        Load { stop, threads }
+    }
+
+    fn finish(self) -> Vec<(u16, String)> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.threads.into_iter().flat_map(|thread| thread.join().unwrap()).collect()
+    }
+}
+
+fn assert_all_succeeded(seen: &[(u16, String)], at_least: usize) {
+    let failed: Vec<&(u16, String)> = seen.iter().filter(|(status, _)| *status != 200).collect();
+    assert!(failed.is_empty(), "{} of {} requests failed, e.g. {:?}", failed.len(), seen.len(), failed.first());
+    assert!(seen.len() >= at_least, "only {} requests ran", seen.len());
+}
+
+#[test]
+fn an_agent_killed_mid_stream_ends_that_stream_cleanly_and_later_requests_fail_over() {
+    let _serial = serial();
+    let agents = agents(2, &[]);
+    let gateway = GatewayProcess::start(&grpc_addrs(&agents), HEARTBEAT);
+    let text = prompt("mid-stream failures");
+    complete(gateway.http, &text, 1);
+    std::thread::sleep(Duration::from_millis(300));
+    let (holder, held) = explain(gateway.http, &text);
+    assert!(gpu_blocks_on(&held, &holder) > 0, "the index knows who holds the prompt: {held:?}");
+    let index = agents.iter().position(|agent| agent.grpc.to_string() == holder).unwrap();
+
+    let body = json!({"prompt": text, "max_tokens": 3000, "stream": true});
+    let mut stream = EventStream::post(gateway.http, "/v1/completions", &body.to_string()).unwrap();
+    assert_eq!(stream.status, 200);
+    let first = stream.next_data().unwrap();
+    assert!(first.contains("\"text\""), "{first}");
+    agents[index].process.signal(SIGKILL).unwrap();
+    let mut last = String::new();
+    while let Some(data) = stream.next_data() {
+        last = data;
+    }
+    assert_ne!(last, "[DONE]", "the stream cannot finish: its replica died");
+    let error: Value = serde_json::from_str(&last).unwrap_or(Value::Null);
+    assert_eq!(error["error"]["code"], "interrupted", "the last event is an error in OpenAI's shape: {last}");
+
+    // At once (before the heartbeat timeout), and after it, requests succeed on the surviving replica.
+    for _ in 0..3 {
+        complete(gateway.http, &text, 2);
+    }
+    gateway.wait_healthy(1, Duration::from_secs(5)).unwrap();
+    let (chosen, held) = explain(gateway.http, &text);
+    assert_ne!(chosen, holder);
+    assert_eq!(gpu_blocks_on(&held, &holder), 0, "the dead replica's index entries are gone: {held:?}");
+}
+
+#[test]
+fn a_frozen_agent_is_marked_unhealthy_then_readmitted_with_a_fresh_snapshot() {
+    let _serial = serial();
+    let agents = agents(2, &[]);
+    let gateway = GatewayProcess::start(&grpc_addrs(&agents), HEARTBEAT);
+    let text = prompt("frozen replicas");
+    complete(gateway.http, &text, 1);
+    std::thread::sleep(Duration::from_millis(300));
+    let (holder, _) = explain(gateway.http, &text);
+    let frozen = agents.iter().find(|agent| agent.grpc.to_string() == holder).unwrap();
+    let resubscriptions = metric_sum(gateway.http, "kvroute_gateway_resubscriptions_total");
+
+    frozen.process.signal(SIGSTOP).unwrap();
+    let frozen_at = Instant::now();
+    gateway.wait_healthy(1, Duration::from_secs(5)).unwrap();
+    assert!(frozen_at.elapsed() < Duration::from_secs(4), "marked unhealthy within the heartbeat timeout");
+    let (status, response) = post(gateway.http, "/v1/completions", &json!({"prompt": text, "max_tokens": 2}));
+    assert_eq!(status, 200, "served by the other replica meanwhile: {response}");
+    assert_eq!(cached_tokens(&response), 0, "the other replica never held the prompt");
+
+    frozen.process.signal(SIGCONT).unwrap();
+    gateway.wait_healthy(2, Duration::from_secs(15)).unwrap();
+    assert!(metric_sum(gateway.http, "kvroute_gateway_resubscriptions_total") > resubscriptions);
+    // Its snapshot brought back what it holds: the prompt goes home and is served from cache.
+    let (chosen, held) = explain(gateway.http, &text);
+    assert_eq!(chosen, holder, "{held:?}");
+    assert!(gpu_blocks_on(&held, &holder) > 0);
+    assert!(cached_tokens(&complete(gateway.http, &text, 2)) > 0);
+}
+
+#[test]
+fn a_restarted_gateway_rebuilds_its_index_from_snapshots() {
+    let _serial = serial();
+    let agents = agents(2, &[]);
+    let mut gateway = GatewayProcess::start(&grpc_addrs(&agents), HEARTBEAT);
+    let topics: Vec<String> = (0..6).map(|i| prompt(&format!("restart topic {i}"))).collect();
+    for text in &topics {
+        complete(gateway.http, text, 1);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let holders: Vec<String> = topics.iter().map(|text| explain(gateway.http, text).0).collect();
+
+    gateway.process.signal(SIGKILL).unwrap();
+    gateway.restart();
+    gateway.wait_healthy(2, Duration::from_secs(30)).unwrap();
+    for (text, holder) in topics.iter().zip(&holders) {
+        let (chosen, held) = explain(gateway.http, text);
+        assert_eq!(&chosen, holder, "the new gateway routes to the holder: {held:?}");
+        assert!(cached_tokens(&complete(gateway.http, text, 1)) > 0);
+    }
+}
+
+#[test]
+fn sigterm_on_the_gateway_finishes_the_stream_in_flight_then_exits_zero() {
+    let _serial = serial();
+    let agents = agents(1, &[]);
+    let mut gateway = GatewayProcess::start(&grpc_addrs(&agents), HEARTBEAT);
+    let body = json!({"prompt": prompt("shutdown"), "max_tokens": 1500, "stream": true});
+    let mut stream = EventStream::post(gateway.http, "/v1/completions", &body.to_string()).unwrap();
+    assert_eq!(stream.status, 200);
+    assert!(stream.next_data().unwrap().contains("\"text\""));
+    gateway.process.signal(SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(TcpStream::connect(gateway.http).is_err(), "no new connection is accepted after SIGTERM");
+    let mut after = Vec::new();
+    while let Some(data) = stream.next_data() {
+        after.push(data);
+    }
+    assert!(after.len() > 10, "the stream went on after SIGTERM ({} events)", after.len());
+    assert_eq!(after.last().map(String::as_str), Some("[DONE]"), "and finished normally");
+    assert_eq!(gateway.process.wait_exit(Duration::from_secs(10)), Some(0));
+}
+
+#[test]
+fn clients_that_drip_their_headers_or_body_are_cut_off() {
+    let _serial = serial();
+    let agents = agents(1, &[]);
+    let args = [HEARTBEAT, &["--header-read-timeout-ms", "1000", "--body-read-timeout-ms", "1000"]].concat();
+    let gateway = GatewayProcess::start(&grpc_addrs(&agents), &args);
+
+    // Headers, one line every 200 ms, never finished: the connection is closed.
+    let mut slow = TcpStream::connect(gateway.http).unwrap();
+    slow.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: kvroute\r\n").unwrap();
+    let started = Instant::now();
+    let closed_after = loop {
+        let mut buffer = [0u8; 512];
+        match slow.read(&mut buffer) {
+            Ok(0) => break started.elapsed(),
+            Ok(read) => {
+                // hyper may answer before closing; anything it says must not be a success.
+                assert!(!String::from_utf8_lossy(&buffer[..read]).contains(" 200 "));
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) if error.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break started.elapsed(),
+        }
+        if slow.write_all(b"X-Drip: 1\r\n").is_err() {
+            break started.elapsed();
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "a dripping client kept its connection");
+    };
+    assert!(closed_after >= Duration::from_millis(800), "closed after {closed_after:?}, before the timeout");
+
+    // A body that stops halfway: 408 with an error body once the body timeout passes.
+    let mut slow = TcpStream::connect(gateway.http).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    slow.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: kvroute\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\nConnection: close\r\n\r\n{\"prompt\": ",
+    )
+    .unwrap();
+    let started = Instant::now();
+    let mut response = Vec::new();
+    let _ = slow.read_to_end(&mut response);
+    let response = String::from_utf8_lossy(&response);
+    assert!(response.starts_with("HTTP/1.1 408"), "{response}");
+    assert!(response.contains("\"code\":\"timeout\""), "{response}");
+    assert!(started.elapsed() >= Duration::from_millis(900) && started.elapsed() < Duration::from_secs(5));
+
+    // Well-behaved clients are unaffected.
+    complete(gateway.http, "hello", 2);
+}
+
+#[test]
+fn a_rolling_restart_of_the_agents_under_load_fails_no_request() {
+    let _serial = serial();
+    let mut agents = agents(2, &[]);
+    let gateway = GatewayProcess::start(&grpc_addrs(&agents), HEARTBEAT);
+    let load = Load::start(gateway.http, 2, 8);
+    std::thread::sleep(Duration::from_millis(500));
+    for agent in &mut agents {
+        agent.process.signal(SIGTERM).unwrap();
+        assert_eq!(agent.process.wait_exit(Duration::from_secs(30)), Some(0), "the agent drains and exits");
+        agent.restart();
+        gateway.wait_healthy(2, Duration::from_secs(30)).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_all_succeeded(&load.finish(), 10);
+}
+
+/// Agents whose pools (24 blocks) and host tiers (64 KiB) overflow quickly, sharing `redis`.
+fn tiered_agents(count: usize, redis: &RedisServer) -> Vec<AgentProcess> {
+    (0..count)
+        .map(|i| {
+            let id = format!("agent-{i}");
+            AgentProcess::start(&[
+                "--model",
+                "tiny-random",
+                "--num-blocks",
+                "24",
+                "--host-cache-bytes",
+                "64KiB",
+                "--redis-url",
+                &redis.url(),
+                "--redis-timeout-ms",
+                "200",
+                "--agent-id",
+                &id,
+            ])
+        })
+        .collect()
+}
+
+#[test]
+fn redis_killed_and_restarted_under_load_fails_no_request() {
+    let _serial = serial();
+    let mut redis = RedisServer::start();
+    let agents = tiered_agents(2, &redis);
+    let gateway = GatewayProcess::start(&grpc_addrs(&agents), HEARTBEAT);
+    let load = Load::start(gateway.http, 2, 12);
+    std::thread::sleep(Duration::from_secs(1));
+    redis.kill();
+    let down = Instant::now();
+    while agents.iter().any(|agent| metric_sum(agent.metrics, "kvroute_agent_tier_up{tier=\"network\"}") != 0.0) {
+        assert!(down.elapsed() < Duration::from_secs(10), "the agents report the network tier down");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    redis.restart();
+    let up = Instant::now();
+    while agents.iter().any(|agent| metric_sum(agent.metrics, "kvroute_agent_tier_up{tier=\"network\"}") != 1.0) {
+        assert!(up.elapsed() < Duration::from_secs(20), "the agents reconnect");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    assert_all_succeeded(&load.finish(), 10);
+}
+
+/// The keys of a Redis `KEYS *` reply.
+fn keys(redis: &RedisServer) -> Vec<Vec<u8>> {
+    let reply = redis.command(&[b"KEYS", b"*"]).unwrap();
+    let text = String::from_utf8_lossy(&reply).into_owned();
+    let lines: Vec<&str> = text.split("\r\n").collect();
+    lines
+        .iter()
+        .skip(1)
+        .filter(|line| !line.starts_with('$') && !line.is_empty())
+        .map(|key| key.as_bytes().to_vec())
+        .collect()
+}
+
+fn info_field(redis: &RedisServer, field: &str) -> u64 {
+    let reply = String::from_utf8_lossy(&redis.command(&[b"INFO"]).unwrap()).into_owned();
+    reply
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:")))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("INFO has no {field}"))
+}
+
+#[test]
+fn redis_at_maxmemory_with_allkeys_lru_keeps_serving() {
+    let _serial = serial();
+    let redis = RedisServer::start_with(&["--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru"]);
+    let agents = tiered_agents(1, &redis);
+    let gateway = GatewayProcess::start(&grpc_addrs(&agents), HEARTBEAT);
+    let agent = agents[0].metrics;
+    let mut round = 0;
+    while info_field(&redis, "evicted_keys") == 0 {
+        assert!(round < 200, "Redis never reached maxmemory");
+        complete(gateway.http, &prompt(&format!("filler {round}")), 1);
+        round += 1;
+    }
+    // Full and evicting: spills keep being written and requests keep succeeding.
+    let stored = metric_sum(agent, "kvroute_agent_tier_stored_blocks_total{tier=\"network\"}");
+    for more in 0..20 {
+        complete(gateway.http, &prompt(&format!("filler {}", round + more)), 1);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric_sum(agent, "kvroute_agent_tier_stored_blocks_total{tier=\"network\"}") <= stored {
+        assert!(Instant::now() < deadline, "no more blocks reached Redis once it was full");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(metric_sum(agent, "kvroute_agent_tier_up{tier=\"network\"}"), 1.0);
+    assert_eq!(metric_sum(agent, "kvroute_agent_redis_errors_total"), 0.0, "allkeys-lru never refuses a write");
+}
+
+#[test]
+fn corrupted_redis_records_are_detected_counted_and_recomputed() {
+    let _serial = serial();
+    let redis = RedisServer::start();
+    let agents = tiered_agents(2, &redis);
+    // One gateway per agent, so the test decides which replica serves.
+    let on_a = GatewayProcess::start(&[agents[0].grpc], HEARTBEAT);
+    let on_b = GatewayProcess::start(&[agents[1].grpc], HEARTBEAT);
+    let text = prompt("corruption");
+    let body = json!({"prompt": text, "max_tokens": 8});
+    let (_, cold) = post(on_a.http, "/v1/completions", &body);
+    // Reused twice, the prompt's blocks are written through to Redis.
+    for _ in 0..2 {
+        complete(on_a.http, &text, 8);
+    }
+    let blocks = cold["usage"]["prompt_tokens"].as_u64().unwrap() as usize / 16;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while keys(&redis).len() < blocks {
+        assert!(Instant::now() < deadline, "the prompt's blocks did not reach Redis: {} keys", keys(&redis).len());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for key in keys(&redis) {
+        let reply = redis.command(&[b"SETRANGE", &key, b"100", b"corrupted bytes"]).unwrap();
+        assert!(reply.starts_with(b":"), "{}", String::from_utf8_lossy(&reply));
+    }
+    let (status, on_b_response) = post(on_b.http, "/v1/completions", &body);
+    assert_eq!(status, 200, "{on_b_response}");
+    assert_eq!(on_b_response["choices"][0]["text"], cold["choices"][0]["text"], "recomputed: the same greedy text");
+    assert_eq!(cached_tokens(&on_b_response), 0, "nothing corrupted was used");
+    assert!(metric_sum(agents[1].metrics, "kvroute_agent_tier_corrupt_total") > 0.0);
+}

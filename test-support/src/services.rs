@@ -1,0 +1,232 @@
+//! The project's services as real processes on free loopback ports: node-agents
+//! and gateways that can be killed, frozen and restarted on the same ports, and
+//! a reader for a server-sent event stream that arrives bit by bit.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{ChildProcess, free_port, http_request, project_binary, wait_for_tcp};
+
+/// A fresh loopback address on a free port.
+pub fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port()))
+}
+
+/// A node-agent process: gRPC on `grpc`, `/metrics` and `/health` on `metrics`.
+#[derive(Debug)]
+pub struct AgentProcess {
+    pub process: ChildProcess,
+    pub grpc: SocketAddr,
+    pub metrics: SocketAddr,
+    args: Vec<String>,
+}
+
+impl AgentProcess {
+    /// Starts `node-agent ARGS --listen … --metrics-addr …` and waits for its gRPC port.
+    pub fn start(args: &[&str]) -> AgentProcess {
+        let args: Vec<String> = args.iter().map(|arg| (*arg).to_string()).collect();
+        let (grpc, metrics) = (loopback(), loopback());
+        let process = spawn_agent(&args, grpc, metrics);
+        wait_for_tcp(grpc, Duration::from_secs(60)).unwrap_or_else(|message| panic!("node-agent: {message}"));
+        AgentProcess { process, grpc, metrics, args }
+    }
+
+    /// Starts the agent again with the same arguments and ports (after it exited or was killed).
+    pub fn restart(&mut self) {
+        self.process.kill();
+        self.process = spawn_agent(&self.args, self.grpc, self.metrics);
+        wait_for_tcp(self.grpc, Duration::from_secs(60)).unwrap_or_else(|message| panic!("node-agent: {message}"));
+    }
+}
+
+fn spawn_agent(args: &[String], grpc: SocketAddr, metrics: SocketAddr) -> ChildProcess {
+    let mut command = Command::new(project_binary("kvroute-node-agent", "node-agent"));
+    command
+        .args(args)
+        .args(["--listen", &grpc.to_string(), "--metrics-addr", &metrics.to_string()])
+        .stderr(Stdio::null());
+    ChildProcess::spawn("node-agent", &mut command).expect("spawn node-agent")
+}
+
+/// A gateway process: HTTP on `http`, gRPC on `grpc`. Its stderr (the log) goes to `log` when one is given.
+#[derive(Debug)]
+pub struct GatewayProcess {
+    pub process: ChildProcess,
+    pub http: SocketAddr,
+    pub grpc: SocketAddr,
+    args: Vec<String>,
+    log: Option<std::path::PathBuf>,
+}
+
+impl GatewayProcess {
+    /// Starts a gateway in front of `agents` with extra `args`, and waits until it is ready with every agent healthy.
+    pub fn start(agents: &[SocketAddr], args: &[&str]) -> GatewayProcess {
+        GatewayProcess::start_logging(agents, args, None)
+    }
+
+    /// [`GatewayProcess::start`], appending the gateway's log to `log`.
+    pub fn start_logging(agents: &[SocketAddr], args: &[&str], log: Option<&std::path::Path>) -> GatewayProcess {
+        let list: Vec<String> = agents.iter().map(SocketAddr::to_string).collect();
+        let mut all = vec!["--agents".to_string(), list.join(",")];
+        all.extend(args.iter().map(|arg| (*arg).to_string()));
+        let (http, grpc) = (loopback(), loopback());
+        let log = log.map(std::path::Path::to_path_buf);
+        let process = spawn_gateway(&all, http, grpc, log.as_deref());
+        let gateway = GatewayProcess { process, http, grpc, args: all, log };
+        gateway.wait_healthy(agents.len(), Duration::from_secs(60)).unwrap_or_else(|message| panic!("{message}"));
+        gateway
+    }
+
+    /// Starts the gateway again with the same arguments and ports; does not wait for readiness.
+    pub fn restart(&mut self) {
+        self.process.kill();
+        self.process = spawn_gateway(&self.args, self.http, self.grpc, self.log.as_deref());
+    }
+
+    /// Waits until `/ready` answers 200 with `healthy` healthy replicas.
+    pub fn wait_healthy(&self, healthy: usize, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        let mut last = String::new();
+        loop {
+            if let Ok(response) = http_request(self.http, "GET", "/ready", &[], b"") {
+                last = response.text();
+                if response.status == 200 && healthy_replicas(&last) == Some(healthy) {
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "the gateway did not report {healthy} healthy replicas within {timeout:?}: {last}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+/// The `healthy_replicas` count of a `/ready` body.
+fn healthy_replicas(body: &str) -> Option<usize> {
+    let rest = &body[body.find("\"healthy_replicas\":")? + "\"healthy_replicas\":".len()..];
+    let digits: String = rest.trim_start().chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+fn spawn_gateway(args: &[String], http: SocketAddr, grpc: SocketAddr, log: Option<&std::path::Path>) -> ChildProcess {
+    let mut command = Command::new(project_binary("kvroute-gateway", "gateway"));
+    command.args(args).args(["--http-addr", &http.to_string(), "--grpc-addr", &grpc.to_string()]);
+    match log {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("open the gateway log");
+            command.stderr(file);
+        }
+        None => {
+            command.stderr(Stdio::null());
+        }
+    }
+    let process = ChildProcess::spawn("gateway", &mut command).expect("spawn gateway");
+    wait_for_tcp(http, Duration::from_secs(30)).unwrap_or_else(|message| panic!("gateway: {message}"));
+    process
+}
+
+/// A streaming HTTP/1.1 response read as it arrives: status, then the `data:`
+/// payloads of its server-sent events one at a time.
+#[derive(Debug)]
+pub struct EventStream {
+    pub status: u16,
+    reader: BufReader<TcpStream>,
+    chunked: bool,
+    pending: Vec<u8>,
+}
+
+impl EventStream {
+    /// Sends a POST with a JSON body and reads the response head.
+    pub fn post(addr: SocketAddr, path: &str, body: &str) -> std::io::Result<EventStream> {
+        let mut stream = TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes())?;
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let status = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("no status line: {line:?}")))?;
+        let mut chunked = false;
+        loop {
+            line.clear();
+            if reader.read_line(&mut line)? == 0 || line == "\r\n" {
+                break;
+            }
+            let lower = line.to_ascii_lowercase();
+            chunked |= lower.starts_with("transfer-encoding:") && lower.contains("chunked");
+        }
+        Ok(EventStream { status, reader, chunked, pending: Vec::new() })
+    }
+
+    /// The next `data:` payload; `None` when the stream ended (or broke) without one.
+    pub fn next_data(&mut self) -> Option<String> {
+        loop {
+            if let Some(end) = self.pending.windows(2).position(|window| window == b"\n\n") {
+                let event: Vec<u8> = self.pending.drain(..end + 2).collect();
+                let text = String::from_utf8_lossy(&event).into_owned();
+                let data: Vec<&str> =
+                    text.lines().filter_map(|line| line.strip_prefix("data:")).map(str::trim_start).collect();
+                if data.is_empty() {
+                    continue; // a keep-alive comment
+                }
+                return Some(data.join("\n"));
+            }
+            if !self.read_more() {
+                return None;
+            }
+        }
+    }
+
+    /// Appends the next piece of body to `pending`; false at the end of the body or on an error.
+    fn read_more(&mut self) -> bool {
+        if !self.chunked {
+            let mut buffer = [0u8; 4096];
+            return match self.reader.read(&mut buffer) {
+                Ok(0) | Err(_) => false,
+                Ok(read) => {
+                    self.pending.extend_from_slice(&buffer[..read]);
+                    true
+                }
+            };
+        }
+        let mut size_line = String::new();
+        if self.reader.read_line(&mut size_line).unwrap_or(0) == 0 {
+            return false;
+        }
+        let Ok(size) = usize::from_str_radix(size_line.trim().split(';').next().unwrap_or(""), 16) else {
+            return false;
+        };
+        if size == 0 {
+            return false;
+        }
+        let mut chunk = vec![0u8; size + 2];
+        if self.reader.read_exact(&mut chunk).is_err() {
+            return false;
+        }
+        chunk.truncate(size);
+        self.pending.extend_from_slice(&chunk);
+        true
+    }
+}
+
+/// The sum of every series of metric `name` on `addr`'s `/metrics` (0 when absent).
+pub fn metric_sum(addr: SocketAddr, name: &str) -> f64 {
+    let body = http_request(addr, "GET", "/metrics", &[], b"").map(|response| response.text()).unwrap_or_default();
+    body.lines()
+        .filter(|line| line.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
