@@ -5,7 +5,7 @@
 //! offset size field
 //!      0    4 magic "KVRB"
 //!      4    2 format version (1), little-endian
-//!      6    2 flags (0)
+//!      6    2 flags (0; no flag is defined, so any other value is refused)
 //!      8   32 model fingerprint (model id + KV geometry + dtype + block size)
 //!     40    4 block size in tokens
 //!     44   16 block hash (v1)
@@ -60,6 +60,8 @@ pub enum RecordError {
     BadMagic,
     #[error("unsupported format version {0}")]
     BadVersion(u16),
+    #[error("unknown flags {0:#06x}")]
+    BadFlags(u16),
     #[error("record of another model or KV layout")]
     FingerprintMismatch,
     #[error("record of block size {0}")]
@@ -116,6 +118,10 @@ pub fn decode<'a>(record: &'a [u8], expected: &Expected<'_>) -> Result<&'a [u8],
     if version != VERSION {
         return Err(RecordError::BadVersion(version));
     }
+    let flags = u16::from_le_bytes([header[6], header[7]]);
+    if flags != 0 {
+        return Err(RecordError::BadFlags(flags));
+    }
     if header[8..40] != expected.fingerprint.0 {
         return Err(RecordError::FingerprintMismatch);
     }
@@ -164,9 +170,6 @@ mod tests {
         let record = encode(&fingerprint, 16, &hash, &payload);
         let expected = Expected { fingerprint: &fingerprint, block_size: 16, hash: &hash, payload_len: 64 };
         for index in 0..record.len() {
-            if (6..8).contains(&index) {
-                continue; // flags are reserved and not checked
-            }
             let mut bad = record.clone();
             bad[index] ^= 0x40;
             assert!(decode(&bad, &expected).is_err(), "flipping byte {index} went unnoticed");

@@ -57,13 +57,18 @@ async fn parse_body<T: DeserializeOwned>(state: &AppState, body: Body) -> Result
             ))
         })?
         .map_err(|_| ServiceError::TooLarge(format!("the request body exceeds {} bytes", state.max_body_bytes)))?;
-    if std::str::from_utf8(&bytes).is_err() {
+    parse_json(&bytes)
+}
+
+/// Parses a request body as JSON into `T`, naming the offending field on error. Outside bytes: fuzzed.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ServiceError> {
+    if std::str::from_utf8(bytes).is_err() {
         return Err(ServiceError::bad_request("the request body is not valid UTF-8", None));
     }
-    let mut json = serde_json::Deserializer::from_slice(&bytes);
+    let mut json = serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize::<_, T>(&mut json) {
         Ok(request) => json.end().map(|()| request).map_err(|error| bad_body(&error)),
-        Err(error) => Err(explain(error, serde_json::from_slice(&bytes).ok().as_ref())),
+        Err(error) => Err(explain(error, serde_json::from_slice(bytes).ok().as_ref())),
     }
 }
 
@@ -96,12 +101,12 @@ fn invalid_body<E: std::fmt::Display>(error: serde_path_to_error::Error<E>) -> S
     if path == "." { bad_body(error.inner()) } else { bad_body(&format!("{path}: {}", error.inner())) }
 }
 
-/// Validates the fields both endpoints share into a spec (without the prompt).
-fn spec_from(
-    state: &AppState,
+/// Validates the fields both endpoints share and builds the spec of a request for `prompt`.
+pub fn spec_from(
     common: &CommonParams,
     tenant: Tenant,
     prompt: Vec<u32>,
+    default_max_tokens: u32,
 ) -> Result<GenerateSpec, ServiceError> {
     if prompt.is_empty() {
         return Err(ServiceError::bad_request("the prompt is empty", Some("prompt")));
@@ -110,7 +115,7 @@ fn spec_from(
         return Err(ServiceError::bad_request("only n = 1 is supported", Some("n")));
     }
     let max_tokens = match common.max_completion_tokens.or(common.max_tokens) {
-        None => state.gateway.config.default_max_tokens,
+        None => default_max_tokens,
         Some(value) if value < 1 => {
             return Err(ServiceError::bad_request(
                 format!("max_tokens must be at least 1, got {value}"),
@@ -155,7 +160,7 @@ pub async fn completions(State(state): Shared, headers: HeaderMap, body: Body) -
         PromptInput::TokenLists(mut lists) if lists.len() == 1 => lists.remove(0),
         _ => return fail(ROUTE, ServiceError::bad_request("batched prompts are not supported", Some("prompt"))),
     };
-    let spec = match spec_from(&state, &request.common, tenant, prompt) {
+    let spec = match spec_from(&request.common, tenant, prompt, state.gateway.config.default_max_tokens) {
         Ok(spec) => spec,
         Err(error) => return fail(ROUTE, error),
     };
@@ -237,7 +242,7 @@ pub async fn chat_completions(State(state): Shared, headers: HeaderMap, body: Bo
             );
         }
     };
-    let spec = match spec_from(&state, &request.common, tenant, prompt) {
+    let spec = match spec_from(&request.common, tenant, prompt, state.gateway.config.default_max_tokens) {
         Ok(spec) => spec,
         Err(error) => return fail(ROUTE, error),
     };
@@ -451,7 +456,7 @@ pub async fn explain_route(State(state): Shared, headers: HeaderMap, body: Body)
         Ok(prompt) => prompt,
         Err(error) => return fail(ROUTE, error),
     };
-    let spec = match spec_from(&state, &common, tenant, prompt) {
+    let spec = match spec_from(&common, tenant, prompt, state.gateway.config.default_max_tokens) {
         Ok(spec) => spec,
         Err(error) => return fail(ROUTE, error),
     };

@@ -84,8 +84,7 @@ async fn subscribe_once(pool: &Pool, replica: &Replica) -> Ended {
         Ok(Err(status)) => return Ended::Closed(format!("subscribe failed: {}", status.message())),
         Err(_) => return Ended::Quiet,
     };
-    let mut expected_seq = 0u64;
-    let epoch = info.epoch;
+    let mut check = StreamCheck::new(info.epoch);
     replica.update(|state| {
         state.info = Some(info);
         state.refused = None;
@@ -97,17 +96,10 @@ async fn subscribe_once(pool: &Pool, replica: &Replica) -> Ended {
             Ok(Ok(None)) => return Ended::Closed("stream ended".into()),
             Ok(Ok(Some(message))) => message,
         };
-        let batch = match KvEventBatch::try_from(message) {
+        let batch = match check.accept(message) {
             Ok(batch) => batch,
-            Err(error) => return Ended::Inconsistent(format!("invalid event batch: {error}")),
+            Err(reason) => return Ended::Inconsistent(reason),
         };
-        if batch.epoch != epoch {
-            return Ended::Inconsistent(format!("epoch changed from {epoch} to {}", batch.epoch));
-        }
-        if batch.seq != expected_seq || batch.snapshot != (expected_seq == 0) {
-            return Ended::Inconsistent(format!("expected seq {expected_seq}, got {}", batch.seq));
-        }
-        expected_seq += 1;
         let started = Instant::now();
         if batch.snapshot {
             pool.sink.snapshot(replica.id, &batch.events);
@@ -127,5 +119,33 @@ async fn subscribe_once(pool: &Pool, replica: &Replica) -> Ended {
             state.sent_tokens_since_batch = 0;
             state.last_seen = Some(Instant::now());
         });
+    }
+}
+
+/// Checks the messages of one event stream in order: each must convert, keep the epoch the agent announced,
+/// and carry the next sequence number, the first (and only the first) being the snapshot. Any failure ends
+/// the subscription, and the resubscription's snapshot replaces the replica's state.
+#[derive(Debug)]
+pub struct StreamCheck {
+    epoch: u64,
+    expected_seq: u64,
+}
+
+impl StreamCheck {
+    pub fn new(epoch: u64) -> StreamCheck {
+        StreamCheck { epoch, expected_seq: 0 }
+    }
+
+    /// The batch of `message`, or why the stream is inconsistent.
+    pub fn accept(&mut self, message: pb::KvEventBatch) -> Result<KvEventBatch, String> {
+        let batch = KvEventBatch::try_from(message).map_err(|error| format!("invalid event batch: {error}"))?;
+        if batch.epoch != self.epoch {
+            return Err(format!("epoch changed from {} to {}", self.epoch, batch.epoch));
+        }
+        if batch.seq != self.expected_seq || batch.snapshot != (self.expected_seq == 0) {
+            return Err(format!("expected seq {}, got {}", self.expected_seq, batch.seq));
+        }
+        self.expected_seq += 1;
+        Ok(batch)
     }
 }

@@ -129,7 +129,10 @@ pub fn parse_header(buf: &[u8], max_bulk: usize) -> Result<Option<(Header, usize
     let Some(end) = buf.iter().take(MAX_LINE + 2).position(|&b| b == b'\n') else {
         return if buf.len() > MAX_LINE + 1 { Err(RespError::LineTooLong) } else { Ok(None) };
     };
-    if end == 0 || buf[end - 1] != b'\r' {
+    if end < 2 {
+        return Err(RespError::Malformed("empty reply line".into()));
+    }
+    if buf[end - 1] != b'\r' {
         return Err(RespError::Malformed("line does not end with CRLF".into()));
     }
     let line = &buf[1..end - 1];
@@ -249,6 +252,8 @@ mod tests {
             (b"$abc\r\n", "length not a number"),
             (b"$-2\r\n", "negative length"),
             (b":1\n", "LF without CR"),
+            (b"\r\n", "an empty line"),
+            (b"\n", "a bare LF"),
             (b"$3\r\nabcXY", "bulk without CRLF"),
             (b"$2000\r\n", "bulk over the limit"),
         ] {

@@ -1,0 +1,48 @@
+//! Every target accepts its seeds and every input kept under `fuzz/regressions/`
+//! (inputs that once crashed it) without panicking, and a short fuzzing run of
+//! each target finds nothing.
+
+use std::time::Duration;
+
+use kvroute_fuzz::{RunConfig, execute, fuzz, read_inputs, regressions_dir, targets};
+
+#[test]
+fn seeds_and_kept_crashes_run_clean() {
+    for target in targets::all() {
+        for seed in (target.seeds)() {
+            if let Err(message) = execute(&target, &seed) {
+                panic!("{}: a seed panics: {message}", target.name);
+            }
+        }
+        for (path, input) in read_inputs(&regressions_dir(target.name)) {
+            if let Err(message) = execute(&target, &input) {
+                panic!("{}: {} panics again: {message}", target.name, path.display());
+            }
+        }
+    }
+}
+
+#[test]
+fn seeds_reach_the_parsers_success_paths() {
+    // A seed that every parser refused would fuzz only the error paths.
+    for target in targets::all() {
+        let outcomes: Vec<String> = (target.seeds)().iter().map(|seed| execute(&target, seed).unwrap()).collect();
+        assert!(
+            outcomes.iter().any(|outcome| outcome.contains("ok") || outcome.contains("snapshot")),
+            "{}: no seed parses: {outcomes:?}",
+            target.name
+        );
+    }
+}
+
+#[test]
+fn a_short_run_of_every_target_finds_nothing() {
+    for target in targets::all() {
+        let config = RunConfig { duration: Duration::from_millis(1500), seed: 7, max_len: 2048, verbose: false };
+        let report = fuzz(&target, config, Vec::new());
+        assert!(report.executions > 100, "{}: only {} executions", target.name, report.executions);
+        if let Some((input, message)) = report.crash {
+            panic!("{}: {message} on {:?}", target.name, String::from_utf8_lossy(&input));
+        }
+    }
+}
