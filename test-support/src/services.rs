@@ -4,6 +4,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -21,33 +22,62 @@ pub struct AgentProcess {
     pub grpc: SocketAddr,
     pub metrics: SocketAddr,
     args: Vec<String>,
+    log: Option<Log>,
 }
 
 impl AgentProcess {
     /// Starts `node-agent ARGS --listen … --metrics-addr …` and waits for its gRPC port.
     pub fn start(args: &[&str]) -> AgentProcess {
+        AgentProcess::start_with(args, None)
+    }
+
+    /// [`AgentProcess::start`] with the log filter `RUST_LOG=filter`, appending the agent's log to `path`.
+    pub fn start_logging(args: &[&str], path: &Path, filter: &str) -> AgentProcess {
+        AgentProcess::start_with(args, Some(Log { path: path.to_path_buf(), filter: filter.to_string() }))
+    }
+
+    fn start_with(args: &[&str], log: Option<Log>) -> AgentProcess {
         let args: Vec<String> = args.iter().map(|arg| (*arg).to_string()).collect();
         let (grpc, metrics) = (loopback(), loopback());
-        let process = spawn_agent(&args, grpc, metrics);
+        let process = spawn_agent(&args, grpc, metrics, log.as_ref());
         wait_for_tcp(grpc, Duration::from_secs(60)).unwrap_or_else(|message| panic!("node-agent: {message}"));
-        AgentProcess { process, grpc, metrics, args }
+        AgentProcess { process, grpc, metrics, args, log }
     }
 
     /// Starts the agent again with the same arguments and ports (after it exited or was killed).
     pub fn restart(&mut self) {
         self.process.kill();
-        self.process = spawn_agent(&self.args, self.grpc, self.metrics);
+        self.process = spawn_agent(&self.args, self.grpc, self.metrics, self.log.as_ref());
         wait_for_tcp(self.grpc, Duration::from_secs(60)).unwrap_or_else(|message| panic!("node-agent: {message}"));
     }
 }
 
-fn spawn_agent(args: &[String], grpc: SocketAddr, metrics: SocketAddr) -> ChildProcess {
+fn spawn_agent(args: &[String], grpc: SocketAddr, metrics: SocketAddr, log: Option<&Log>) -> ChildProcess {
     let mut command = Command::new(project_binary("kvroute-node-agent", "node-agent"));
-    command
-        .args(args)
-        .args(["--listen", &grpc.to_string(), "--metrics-addr", &metrics.to_string()])
-        .stderr(Stdio::null());
+    command.args(args).args(["--listen", &grpc.to_string(), "--metrics-addr", &metrics.to_string()]);
+    log_to(&mut command, log);
     ChildProcess::spawn("node-agent", &mut command).expect("spawn node-agent")
+}
+
+/// Where a child process logs: its stderr appended to `path`, with `RUST_LOG=filter`.
+#[derive(Clone, Debug)]
+struct Log {
+    path: PathBuf,
+    filter: String,
+}
+
+/// Sends the child's log to `log`, or nowhere.
+fn log_to(command: &mut Command, log: Option<&Log>) {
+    match log {
+        Some(log) => {
+            let file =
+                std::fs::OpenOptions::new().create(true).append(true).open(&log.path).expect("open the log file");
+            command.stderr(file).env("RUST_LOG", &log.filter);
+        }
+        None => {
+            command.stderr(Stdio::null());
+        }
+    }
 }
 
 /// A gateway process: HTTP on `http`, gRPC on `grpc`. Its stderr (the log) goes to `log` when one is given.
@@ -57,23 +87,27 @@ pub struct GatewayProcess {
     pub http: SocketAddr,
     pub grpc: SocketAddr,
     args: Vec<String>,
-    log: Option<std::path::PathBuf>,
+    log: Option<Log>,
 }
 
 impl GatewayProcess {
     /// Starts a gateway in front of `agents` with extra `args`, and waits until it is ready with every agent healthy.
     pub fn start(agents: &[SocketAddr], args: &[&str]) -> GatewayProcess {
-        GatewayProcess::start_logging(agents, args, None)
+        GatewayProcess::start_with(agents, args, None)
     }
 
-    /// [`GatewayProcess::start`], appending the gateway's log to `log`.
-    pub fn start_logging(agents: &[SocketAddr], args: &[&str], log: Option<&std::path::Path>) -> GatewayProcess {
+    /// [`GatewayProcess::start`] with the log filter `RUST_LOG=filter`, appending the gateway's log to `path`.
+    pub fn start_logging(agents: &[SocketAddr], args: &[&str], path: &Path, filter: &str) -> GatewayProcess {
+        let log = Log { path: path.to_path_buf(), filter: filter.to_string() };
+        GatewayProcess::start_with(agents, args, Some(log))
+    }
+
+    fn start_with(agents: &[SocketAddr], args: &[&str], log: Option<Log>) -> GatewayProcess {
         let list: Vec<String> = agents.iter().map(SocketAddr::to_string).collect();
         let mut all = vec!["--agents".to_string(), list.join(",")];
         all.extend(args.iter().map(|arg| (*arg).to_string()));
         let (http, grpc) = (loopback(), loopback());
-        let log = log.map(std::path::Path::to_path_buf);
-        let process = spawn_gateway(&all, http, grpc, log.as_deref());
+        let process = spawn_gateway(&all, http, grpc, log.as_ref());
         let gateway = GatewayProcess { process, http, grpc, args: all, log };
         gateway.wait_healthy(agents.len(), Duration::from_secs(60)).unwrap_or_else(|message| panic!("{message}"));
         gateway
@@ -82,7 +116,7 @@ impl GatewayProcess {
     /// Starts the gateway again with the same arguments and ports; does not wait for readiness.
     pub fn restart(&mut self) {
         self.process.kill();
-        self.process = spawn_gateway(&self.args, self.http, self.grpc, self.log.as_deref());
+        self.process = spawn_gateway(&self.args, self.http, self.grpc, self.log.as_ref());
     }
 
     /// Waits until `/ready` answers 200 with `healthy` healthy replicas.
@@ -113,18 +147,10 @@ fn healthy_replicas(body: &str) -> Option<usize> {
     digits.parse().ok()
 }
 
-fn spawn_gateway(args: &[String], http: SocketAddr, grpc: SocketAddr, log: Option<&std::path::Path>) -> ChildProcess {
+fn spawn_gateway(args: &[String], http: SocketAddr, grpc: SocketAddr, log: Option<&Log>) -> ChildProcess {
     let mut command = Command::new(project_binary("kvroute-gateway", "gateway"));
     command.args(args).args(["--http-addr", &http.to_string(), "--grpc-addr", &grpc.to_string()]);
-    match log {
-        Some(path) => {
-            let file = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("open the gateway log");
-            command.stderr(file);
-        }
-        None => {
-            command.stderr(Stdio::null());
-        }
-    }
+    log_to(&mut command, log);
     let process = ChildProcess::spawn("gateway", &mut command).expect("spawn gateway");
     wait_for_tcp(http, Duration::from_secs(30)).unwrap_or_else(|message| panic!("gateway: {message}"));
     process
