@@ -41,6 +41,8 @@ pub struct Report {
     /// Cached prompt tokens over prompt tokens, over the successful requests.
     pub cached_fraction: f64,
     pub errors: BTreeMap<String, usize>,
+    /// How long the overloaded answers (HTTP 429) took: admission control should refuse promptly.
+    pub rejections: Latency,
 }
 
 impl Report {
@@ -67,6 +69,9 @@ impl Report {
             cached_tokens,
             cached_fraction: if prompt_tokens > 0 { cached_tokens as f64 / prompt_tokens as f64 } else { 0.0 },
             errors,
+            rejections: latency(
+                outcomes.iter().filter(|o| o.error.as_deref() == Some("http-429")).map(|o| o.total).collect(),
+            ),
         }
     }
 
@@ -83,7 +88,8 @@ impl Report {
              end to end ms  p50 {:.1}  p90 {:.1}  p99 {:.1}  mean {:.1}\n\
              output tokens/s {:.1}\n\
              cached tokens {} of {} prompt tokens ({:.1}%)\n\
-             errors {errors}",
+             errors {errors}\n\
+             429 answers ms p50 {:.1}  p99 {:.1}",
             self.requests,
             self.succeeded,
             self.seconds,
@@ -99,6 +105,8 @@ impl Report {
             self.cached_tokens,
             self.prompt_tokens,
             100.0 * self.cached_fraction,
+            self.rejections.p50_ms,
+            self.rejections.p99_ms,
         )
     }
 }
@@ -135,8 +143,8 @@ mod tests {
     #[test]
     fn summarises_latencies_tokens_and_errors() {
         let mut outcomes: Vec<Outcome> = (1..=100).map(|i| ok(f64::from(i) / 1000.0, 100, 25)).collect();
-        outcomes.push(Outcome { error: Some("http-429".into()), ..Outcome::default() });
-        outcomes.push(Outcome { error: Some("http-429".into()), ..Outcome::default() });
+        outcomes.push(Outcome { total: 0.002, error: Some("http-429".into()), ..Outcome::default() });
+        outcomes.push(Outcome { total: 0.004, error: Some("http-429".into()), ..Outcome::default() });
         outcomes.push(Outcome { error: Some("connect".into()), ..Outcome::default() });
         let report = Report::new(&outcomes, 10.0);
         assert_eq!((report.requests, report.succeeded), (103, 100));
@@ -146,6 +154,7 @@ mod tests {
         assert_eq!(report.output_tokens_per_second, 100.0);
         assert_eq!(report.cached_fraction, 0.25);
         assert_eq!(report.errors.get("http-429"), Some(&2));
+        assert_eq!((report.rejections.p50_ms, report.rejections.p99_ms), (2.0, 4.0), "only the 429 answers count");
         assert_eq!(report.errors.get("connect"), Some(&1));
         assert!(report.text().contains("http-429 2"));
     }

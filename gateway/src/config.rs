@@ -72,6 +72,18 @@ pub struct ServeArgs {
     /// Seconds to let in-flight requests finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace_secs: u64,
+    /// PEM certificate chain of the HTTP and gRPC ingress; with `--tls-key`, both listeners speak TLS only.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate that signed the agents' certificates: the gateway then reaches agents over TLS.
+    #[arg(long)]
+    pub agent_tls_ca: Option<PathBuf>,
+    /// Name the agents' certificates are checked against (default: the host of each agent address).
+    #[arg(long, requires = "agent_tls_ca")]
+    pub agent_tls_domain: Option<String>,
     /// Parse and check the configuration, then exit.
     #[arg(long)]
     pub check_config: bool,

@@ -23,5 +23,6 @@ pub mod routing;
 pub mod run;
 pub mod service;
 pub mod tenants;
+pub mod tls;
 pub use kvroute_tokenizer as tokenizer;
 pub mod upstream;

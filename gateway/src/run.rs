@@ -16,6 +16,7 @@ use crate::router::Router;
 use crate::routing::{IndexConfig, Policy, ScoringConfig};
 use crate::service::Gateway;
 use crate::tenants::Tenants;
+use crate::tls::IngressTls;
 use crate::upstream::{Expectations, IndexSink, Pool, PoolConfig, discovery};
 
 /// Runs the gateway until SIGTERM or Ctrl-C.
@@ -37,6 +38,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let ingress_tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(IngressTls::load(cert, key)?),
+        _ => None,
+    };
+    let agent_tls = args
+        .agent_tls_ca
+        .as_deref()
+        .map(|ca| crate::tls::agent_client_config(ca, args.agent_tls_domain.as_deref()))
+        .transpose()?;
     let tokenizer = Arc::new(crate::cli::load_tokenizer(&args.tokenizer).context("loading the tokenizer")?);
     let renderer = ChatRenderer::new(tokenizer.chat_template(), tokenizer.clone())
         .context("compiling the chat template")?
@@ -59,7 +69,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         vocab_size: tokenizer.vocab_size(),
         tokenizer_fingerprint: tokenizer.fingerprint().to_string(),
     };
-    let pool_config = PoolConfig { heartbeat_timeout: args.heartbeat_timeout(), ..PoolConfig::default() };
+    let pool_config = PoolConfig { heartbeat_timeout: args.heartbeat_timeout(), agent_tls, ..PoolConfig::default() };
     let pool = Pool::new(router.clone() as Arc<dyn IndexSink>, expectations, pool_config);
     discovery::add_static(&pool, &args.agents).map_err(anyhow::Error::msg)?;
     let dns = args.agents_dns.clone().map(|target| {
@@ -89,6 +99,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(
         http = %http.local_addr()?,
         grpc = %grpc.local_addr()?,
+        tls = ingress_tls.is_some(),
         policy = router.policy_name(),
         tokenizer = tokenizer.name(),
         agents = args.agents.len(),
@@ -99,6 +110,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let http_server = crate::http::listener::serve(
         http,
         crate::http::router(state),
+        ingress_tls.as_ref().map(IngressTls::http_config).transpose()?,
         Duration::from_millis(args.header_read_timeout_ms),
         async move {
             let _ = http_stop.recv().await;
@@ -108,7 +120,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .register_encoded_file_descriptor_set(kvroute_proto::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let mut grpc_stop = stop.subscribe();
-    let grpc_server = tonic::transport::Server::builder()
+    let mut grpc_builder = tonic::transport::Server::builder();
+    if let Some(tls) = &ingress_tls {
+        grpc_builder = grpc_builder.tls_config(tls.grpc_config()).context("configuring gRPC TLS")?;
+    }
+    let grpc_server = grpc_builder
         .add_service(GenerateService::new(gateway.clone(), tenants).into_server())
         .add_service(reflection)
         .serve_with_incoming_shutdown(TcpIncoming::from(grpc).with_nodelay(Some(true)), async move {

@@ -430,3 +430,43 @@ fn corrupted_redis_records_are_detected_counted_and_recomputed() {
     assert_eq!(cached_tokens(&on_b_response), 0, "nothing corrupted was used");
     assert!(metric_sum(agents[1].metrics, "kvroute_agent_tier_corrupt_total") > 0.0);
 }
+
+#[test]
+fn past_capacity_admission_answers_429_and_every_accepted_request_completes() {
+    let _serial = serial();
+    // Room for 2 running and 2 waiting requests; 12 arrive at once.
+    let agents = agents(1, &["--max-running", "2", "--max-waiting", "2"]);
+    let gateway = GatewayProcess::start(&grpc_addrs(&agents), HEARTBEAT);
+    let http = gateway.http;
+    let answers: Vec<(u16, Value, Duration)> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..12)
+            .map(|i| {
+                scope.spawn(move || {
+                    let started = Instant::now();
+                    let body = json!({"prompt": prompt(&format!("overload {i}")), "max_tokens": 200});
+                    let (status, response) = post(http, "/v1/completions", &body);
+                    (status, response, started.elapsed())
+                })
+            })
+            .collect();
+        threads.into_iter().map(|thread| thread.join().unwrap()).collect()
+    });
+    let rejected: Vec<&(u16, Value, Duration)> = answers.iter().filter(|(status, ..)| *status == 429).collect();
+    let accepted: Vec<&(u16, Value, Duration)> = answers.iter().filter(|(status, ..)| *status == 200).collect();
+    assert_eq!(rejected.len() + accepted.len(), answers.len(), "only 200 or 429: {answers:?}");
+    assert!(!rejected.is_empty(), "12 requests cannot all fit in 4 places");
+    // The gateway counts requests it sent since the agent's last report as queued, so a burst that arrives
+    // within one report is admitted up to the queue's size (here, the 2 that then run).
+    assert!(accepted.len() >= 2, "the agent's capacity was used: {} accepted", accepted.len());
+    for (_, response, _) in &rejected {
+        assert_eq!(response["error"]["type"], "rate_limit_error", "{response}");
+    }
+    for (_, response, _) in &accepted {
+        assert_eq!(response["usage"]["completion_tokens"], 200, "an accepted request runs to its end: {response}");
+    }
+    // Refusals do not wait for the work they were refused behind.
+    let slowest_refusal = rejected.iter().map(|(.., took)| *took).max().unwrap();
+    let slowest_accepted = accepted.iter().map(|(.., took)| *took).max().unwrap();
+    assert!(slowest_refusal < slowest_accepted, "refused in {slowest_refusal:?}, served in {slowest_accepted:?}");
+    assert_eq!(metric_sum(agents[0].metrics, "kvroute_agent_preemptions_total"), 0.0);
+}

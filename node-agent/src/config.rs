@@ -1,6 +1,8 @@
 //! Command-line configuration of the `node-agent` binary; every default lives here.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use kvroute_proto::domain::KvDtype;
@@ -61,6 +63,10 @@ pub struct ServeArgs {
     /// Requests queued before new ones are refused with RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = EngineConfig::default().max_waiting)]
     pub max_waiting: usize,
+    /// New requests are refused (RESOURCE_EXHAUSTED, which gateways answer with 429 when every replica
+    /// refuses) while a queued request has waited longer than this many milliseconds; 0 turns it off.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_queue_delay_ms: u64,
     /// Fraction of the pool kept free at admission for decode growth.
     #[arg(long, default_value_t = EngineConfig::default().watermark)]
     pub watermark: f64,
@@ -92,6 +98,12 @@ pub struct ServeArgs {
     /// Upper bound on one Redis round trip, in milliseconds.
     #[arg(long, default_value_t = 500)]
     pub redis_timeout_ms: u64,
+    /// PEM certificate chain of the gRPC listener; with `--tls-key`, it speaks TLS only.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Parse and check the configuration, then exit.
     #[arg(long)]
     pub check_config: bool,
@@ -147,6 +159,7 @@ impl ServeArgs {
             max_batch_tokens: self.max_batch_tokens,
             max_running: self.max_running,
             max_waiting: self.max_waiting,
+            max_queue_delay: (self.max_queue_delay_ms > 0).then(|| Duration::from_millis(self.max_queue_delay_ms)),
             watermark: self.watermark,
             preemption: self.preemption,
             max_context: self.max_context.unwrap_or(model_context).min(model_context),

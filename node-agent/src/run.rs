@@ -38,6 +38,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let grpc_tls = grpc_tls(&args)?;
     let model = Model::load(&args.model).with_context(|| format!("loading model {:?}", args.model))?;
     let config = model.config().clone();
     let geometry = config.kv_geometry(args.kv_dtype);
@@ -115,7 +116,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .build_v1()?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let drain_engine = engine.clone();
-    tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = grpc_tls {
+        server = server.tls_config(tls).context("configuring gRPC TLS")?;
+    }
+    server
         .add_service(service.into_server())
         .add_service(reflection)
         .serve_with_incoming_shutdown(incoming, async move {
@@ -167,4 +172,13 @@ fn tokenizer_fingerprint(model: &str) -> String {
             String::new()
         }
     }
+}
+
+/// The gRPC listener's TLS configuration, when `--tls-cert` and `--tls-key` are given.
+fn grpc_tls(args: &ServeArgs) -> anyhow::Result<Option<tonic::transport::ServerTlsConfig>> {
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else { return Ok(None) };
+    let cert = std::fs::read(cert).with_context(|| format!("reading the certificate {}", cert.display()))?;
+    let key = std::fs::read(key).with_context(|| format!("reading the private key {}", key.display()))?;
+    let identity = tonic::transport::Identity::from_pem(cert, key);
+    Ok(Some(tonic::transport::ServerTlsConfig::new().identity(identity)))
 }

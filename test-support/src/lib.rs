@@ -6,6 +6,7 @@
 //!   and reaped when dropped, so a failing test leaves no orphans.
 //! - [`free_port`], [`wait_for_tcp`]: small helpers around loopback sockets.
 //! - [`services`]: node-agents and gateways as processes, and a streaming reader of their responses.
+//! - [`tls`]: a certificate authority and a server certificate made at test time.
 //!
 //! A test that needs `redis-server` and cannot find it fails with a message
 //! saying how to install it; it never passes silently.
@@ -14,6 +15,7 @@
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
 
 pub mod services;
+pub mod tls;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

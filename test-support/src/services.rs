@@ -103,14 +103,24 @@ impl GatewayProcess {
     }
 
     fn start_with(agents: &[SocketAddr], args: &[&str], log: Option<Log>) -> GatewayProcess {
+        let gateway = GatewayProcess::spawn_with(agents, args, log);
+        gateway.wait_healthy(agents.len(), Duration::from_secs(60)).unwrap_or_else(|message| panic!("{message}"));
+        gateway
+    }
+
+    /// Starts a gateway in front of `agents` and waits only for its HTTP port (for a gateway serving TLS, or
+    /// one that is not expected to become ready).
+    pub fn spawn(agents: &[SocketAddr], args: &[&str]) -> GatewayProcess {
+        GatewayProcess::spawn_with(agents, args, None)
+    }
+
+    fn spawn_with(agents: &[SocketAddr], args: &[&str], log: Option<Log>) -> GatewayProcess {
         let list: Vec<String> = agents.iter().map(SocketAddr::to_string).collect();
         let mut all = vec!["--agents".to_string(), list.join(",")];
         all.extend(args.iter().map(|arg| (*arg).to_string()));
         let (http, grpc) = (loopback(), loopback());
         let process = spawn_gateway(&all, http, grpc, log.as_ref());
-        let gateway = GatewayProcess { process, http, grpc, args: all, log };
-        gateway.wait_healthy(agents.len(), Duration::from_secs(60)).unwrap_or_else(|message| panic!("{message}"));
-        gateway
+        GatewayProcess { process, http, grpc, args: all, log }
     }
 
     /// Starts the gateway again with the same arguments and ports; does not wait for readiness.

@@ -391,6 +391,8 @@ fn replica(id: usize, profile: &CostProfile, store: Option<Arc<Mutex<NetworkStor
         max_batch_tokens: profile.max_batch_tokens,
         max_running: profile.max_running,
         max_waiting: profile.max_waiting,
+        // Measured in wall-clock time, which the simulator does not advance: off.
+        max_queue_delay: None,
         watermark: EngineConfig::default().watermark,
         preemption: PreemptionMode::Recompute,
         max_context: profile.max_context,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use kvroute_proto::domain::{AgentInfo, KvEvent, LoadStats};
 use kvroute_proto::pb::agent_client::AgentClient;
 use tokio::task::JoinHandle;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 pub use crate::routing::ReplicaId;
 
@@ -53,6 +53,8 @@ pub struct PoolConfig {
     pub connect_timeout: Duration,
     /// Longest wait between reconnection attempts.
     pub max_backoff: Duration,
+    /// Reach agents over TLS, verified with this configuration (None: plain text).
+    pub agent_tls: Option<ClientTlsConfig>,
 }
 
 impl Default for PoolConfig {
@@ -61,6 +63,7 @@ impl Default for PoolConfig {
             heartbeat_timeout: Duration::from_millis(2_000),
             connect_timeout: Duration::from_millis(1_000),
             max_backoff: Duration::from_secs(2),
+            agent_tls: None,
         }
     }
 }
@@ -151,9 +154,14 @@ impl Pool {
         if let Some(existing) = self.replicas.read().ok().and_then(|r| r.get(endpoint).map(|r| r.id)) {
             return Ok(existing);
         }
-        let uri = if endpoint.contains("://") { endpoint.to_string() } else { format!("http://{endpoint}") };
-        let channel = Endpoint::from_shared(uri)
-            .map_err(|error| format!("bad agent address {endpoint:?}: {error}"))?
+        let scheme = if self.config.agent_tls.is_some() { "https" } else { "http" };
+        let uri = if endpoint.contains("://") { endpoint.to_string() } else { format!("{scheme}://{endpoint}") };
+        let mut channel =
+            Endpoint::from_shared(uri).map_err(|error| format!("bad agent address {endpoint:?}: {error}"))?;
+        if let Some(tls) = &self.config.agent_tls {
+            channel = channel.tls_config(tls.clone()).map_err(|error| format!("TLS to {endpoint}: {error}"))?;
+        }
+        let channel = channel
             .connect_timeout(self.config.connect_timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))

@@ -16,7 +16,7 @@ pub mod tiering;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kvroute_proto::BlockHash;
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, FinishReason, KvEvent, Tier};
@@ -55,6 +55,9 @@ pub struct EngineConfig {
     pub max_running: usize,
     /// Requests waiting before new ones are refused.
     pub max_waiting: usize,
+    /// New requests are refused while a waiting request has waited longer than this (None: never), so that
+    /// past capacity the queue answers "overloaded" at once instead of growing into minutes of delay.
+    pub max_queue_delay: Option<Duration>,
     /// Fraction of the pool kept free at admission for decode growth.
     pub watermark: f64,
     pub preemption: PreemptionMode,
@@ -70,6 +73,7 @@ impl Default for EngineConfig {
             max_batch_tokens: 512,
             max_running: 32,
             max_waiting: 256,
+            max_queue_delay: None,
             watermark: 0.01,
             preemption: PreemptionMode::Recompute,
             max_context: 4096,
@@ -115,6 +119,8 @@ struct Sequence {
     prefetched: Prefetched,
     /// Full-block hashes of the first `.0` tokens, kept while the sequence waits for admission.
     hashes: Option<(usize, Vec<BlockHash>)>,
+    /// When it joined the waiting queue (on arrival, or when preempted).
+    queued_at: Instant,
 }
 
 impl Sequence {
@@ -277,6 +283,17 @@ impl<E: Executor> Engine<E> {
                 self.config.max_waiting
             )));
         }
+        if let Some(limit) = self.config.max_queue_delay
+            && let Some(waited) = self.waiting.iter().map(|seq| seq.queued_at.elapsed()).max()
+            && waited > limit
+        {
+            self.stats.rejected_total += 1;
+            return Err(GenerateError::Overloaded(format!(
+                "the agent's queue is too slow: a request has waited {:.1} s (limit {:.1} s)",
+                waited.as_secs_f64(),
+                limit.as_secs_f64()
+            )));
+        }
         let id = self.next_id;
         self.next_id += 1;
         let mut stop_ids = request.stop_token_ids.clone();
@@ -297,6 +314,7 @@ impl<E: Executor> Engine<E> {
             swapped: None,
             prefetched,
             hashes: None,
+            queued_at: Instant::now(),
         });
         Ok(id)
     }
@@ -528,6 +546,7 @@ impl<E: Executor> Engine<E> {
             self.stats.preemptions_recompute += 1;
         }
         self.blocks.release(id);
+        seq.queued_at = Instant::now();
         self.waiting.push_front(seq);
     }
 

@@ -1,0 +1,124 @@
+//! TLS over real sockets, with certificates made at test time: the gateway's
+//! HTTPS and gRPC ingress, and gateway-to-agent gRPC verified against the test
+//! CA. Plain-text clients, and clients that do not trust the CA, are refused.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvroute_proto::pb::{self, generate_client::GenerateClient};
+use kvroute_test_support::http_request;
+use kvroute_test_support::services::{AgentProcess, GatewayProcess};
+use kvroute_test_support::tls::TestPki;
+use serde_json::{Value, json};
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+
+/// One HTTP/1.1 request over TLS to `addr`, trusting only `ca_pem` (None: trusting nothing).
+fn https(
+    addr: SocketAddr,
+    ca_pem: Option<&str>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> std::io::Result<(u16, Value)> {
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(pem) = ca_pem {
+        for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+    }
+    let config = rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
+    let name = ServerName::try_from("localhost").unwrap();
+    let connection = rustls::ClientConnection::new(Arc::new(config), name).map_err(std::io::Error::other)?;
+    let tcp = TcpStream::connect(addr)?;
+    tcp.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let mut stream = rustls::StreamOwned::new(connection, tcp);
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes())?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let status = text.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
+    let json = text.split_once("\r\n\r\n").map(|(_, body)| body.trim()).unwrap_or("");
+    // Responses here are small and not chunked, except SSE, which these tests do not read.
+    Ok((status, serde_json::from_str(json).unwrap_or(Value::Null)))
+}
+
+fn healthy_over_https(gateway: SocketAddr, ca_pem: &str) -> u64 {
+    https(gateway, Some(ca_pem), "GET", "/ready", "")
+        .map(|(_, body)| body["healthy_replicas"].as_u64().unwrap_or(0))
+        .unwrap_or(0)
+}
+
+#[test]
+fn https_and_grpc_over_tls_on_the_ingress_and_to_the_agents() {
+    let pki = TestPki::generate();
+    let (cert, key, ca) = (pki.cert_path(), pki.key_path(), pki.ca_path());
+    let (cert, key, ca) = (cert.to_str().unwrap(), key.to_str().unwrap(), ca.to_str().unwrap());
+    let agent =
+        AgentProcess::start(&["--model", "tiny-random", "--num-blocks", "128", "--tls-cert", cert, "--tls-key", key]);
+    // The agent's certificate names 127.0.0.1, the address the gateway dials.
+    let gateway = GatewayProcess::spawn(&[agent.grpc], &["--tls-cert", cert, "--tls-key", key, "--agent-tls-ca", ca]);
+    let plain_gateway = GatewayProcess::spawn(&[agent.grpc], &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while healthy_over_https(gateway.http, &pki.ca_pem) != 1 {
+        assert!(Instant::now() < deadline, "the TLS gateway never reached the TLS agent");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // HTTPS ingress: a completion runs end to end over TLS on both hops.
+    let body = json!({"prompt": "Hello over TLS", "max_tokens": 3}).to_string();
+    let (status, response) = https(gateway.http, Some(&pki.ca_pem), "POST", "/v1/completions", &body).unwrap();
+    assert_eq!(status, 200, "{response}");
+    assert_eq!(response["usage"]["completion_tokens"], 3);
+    // A client that does not trust the CA cannot connect, and plain HTTP gets no HTTP answer.
+    assert!(https(gateway.http, None, "GET", "/health", "").is_err(), "an unverified server was trusted");
+    let plain = http_request(gateway.http, "GET", "/health", &[], b"");
+    assert!(plain.is_err() || plain.unwrap().status != 200, "plain HTTP reached the TLS listener");
+
+    // gRPC ingress over TLS, and refused in plain text.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&pki.ca_pem))
+            .domain_name("localhost");
+        let channel = tonic::transport::Endpoint::from_shared(format!("https://{}", gateway.grpc))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let request = pb::GenerateRequest {
+            prompt: Some(pb::generate_request::Prompt::Text("Hello over gRPC and TLS".into())),
+            max_tokens: 2,
+            ..Default::default()
+        };
+        let mut stream = GenerateClient::new(channel).generate(request.clone()).await.unwrap().into_inner();
+        let mut tokens = 0;
+        while let Some(message) = stream.message().await.unwrap() {
+            tokens += message.token_ids.len();
+        }
+        assert_eq!(tokens, 2);
+        let plain = tonic::transport::Endpoint::from_shared(format!("http://{}", gateway.grpc)).unwrap();
+        let refused = match plain.connect_timeout(Duration::from_secs(2)).connect().await {
+            Ok(channel) => GenerateClient::new(channel).generate(request).await.is_err(),
+            Err(_) => true,
+        };
+        assert!(refused, "plain-text gRPC reached the TLS listener");
+    });
+
+    // The gateway without the CA speaks plain text to the agent, which refuses it: never healthy.
+    let ready = http_request(plain_gateway.http, "GET", "/ready", &[], b"").unwrap();
+    let ready: Value = serde_json::from_slice(&ready.body).unwrap();
+    assert_eq!(ready["healthy_replicas"], 0, "a plain-text gateway reached a TLS agent");
+}
