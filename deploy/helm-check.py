@@ -85,12 +85,16 @@ def main(rendered, out_dir):
 def check_service_monitor(monitor, services):
     selector = monitor["spec"]["selector"]
     wanted = selector.get("matchLabels", {})
-    components = next(e["values"] for e in selector.get("matchExpressions", []) if e["operator"] == "In")
+    component = "app.kubernetes.io/component"
+    components = next(
+        (e["values"] for e in selector.get("matchExpressions", []) if e["key"] == component and e["operator"] == "In"),
+        [wanted.get(component)],
+    )
     selected = [
         service
         for service in services.values()
-        if wanted.items() <= service["metadata"]["labels"].items()
-        and service["metadata"]["labels"].get("app.kubernetes.io/component") in components
+        if {k: v for k, v in wanted.items() if k != component}.items() <= service["metadata"]["labels"].items()
+        and service["metadata"]["labels"].get(component) in components
     ]
     if len(selected) != len(components):
         fail(f"the ServiceMonitor selects {len(selected)} Services, expected one per component {components}")
