@@ -48,7 +48,8 @@ pub struct ServeArgs {
     /// (or of its previous response, on a kept-alive connection), or the connection is closed.
     #[arg(long, default_value_t = 30_000)]
     pub header_read_timeout_ms: u64,
-    /// A client must send its whole request body within this many milliseconds (else 408).
+    /// A client must send its whole request body within this many milliseconds (else HTTP 408, or gRPC
+    /// DEADLINE_EXCEEDED).
     #[arg(long, default_value_t = 30_000)]
     pub body_read_timeout_ms: u64,
     /// Block hashes kept in the prefix index.

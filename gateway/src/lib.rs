@@ -11,6 +11,7 @@
 //! - [`tenants`]: API keys and cache scopes; [`replies`]: exact ids of generated replies.
 //! - [`metrics`]: every exported metric; [`config`], [`cli`], [`run`]: the binary.
 
+pub mod body_deadline;
 pub mod chat;
 pub mod cli;
 pub mod config;

@@ -7,6 +7,7 @@ use tonic::transport::server::TcpIncoming;
 
 use anyhow::Context;
 
+use crate::body_deadline::BodyDeadlineLayer;
 use crate::chat::{ChatRenderer, LruTokenCache};
 use crate::config::ServeArgs;
 use crate::grpc::GenerateService;
@@ -125,6 +126,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         grpc_builder = grpc_builder.tls_config(tls.grpc_config()).context("configuring gRPC TLS")?;
     }
     let grpc_server = grpc_builder
+        .layer(BodyDeadlineLayer::new(Duration::from_millis(args.body_read_timeout_ms)))
         .add_service(GenerateService::new(gateway.clone(), tenants).into_server())
         .add_service(reflection)
         .serve_with_incoming_shutdown(TcpIncoming::from(grpc).with_nodelay(Some(true)), async move {

@@ -1,7 +1,7 @@
 //! Faults over the real processes: agents killed mid-stream, frozen and
 //! resumed, restarted one by one under load; a gateway restarted (its index
 //! comes back from the agents' snapshots) and stopped with SIGTERM while a
-//! stream is in flight; clients that drip their headers or body; Redis killed,
+//! stream is in flight; clients that drip their headers or body (HTTP and gRPC); Redis killed,
 //! full, or holding corrupted records. Each test says what the client sees.
 
 #![allow(clippy::unwrap_used)]
@@ -85,10 +85,11 @@ fn gpu_blocks_on(held: &[(String, u64)], replica: &str) -> u64 {
     held.iter().find(|(name, _)| name == replica).map_or(0, |(_, blocks)| *blocks)
 }
 
-/// Sends completions from `threads` threads until stopped; returns every status seen (0: no HTTP answer).
+/// Sends completions from `threads` threads until stopped; returns every status seen (0: no HTTP answer),
+/// with the response and when the request was sent.
 struct Load {
     stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<Vec<(u16, String)>>>,
+    threads: Vec<std::thread::JoinHandle<Vec<(u16, String, Instant)>>>,
 }
 
 impl Load {
@@ -102,8 +103,9 @@ impl Load {
                     let mut i = thread;
                     while !stop.load(Ordering::Relaxed) {
                         let body = json!({"prompt": prompt(&format!("topic {}", i % topics)), "max_tokens": 4});
+                        let sent = Instant::now();
                         let (status, response) = post(http, "/v1/completions", &body);
-                        seen.push((status, response.to_string()));
+                        seen.push((status, response.to_string(), sent));
                         i += 1;
                     }
                     seen
@@ -113,14 +115,14 @@ impl Load {
         Load { stop, threads }
     }
 
-    fn finish(self) -> Vec<(u16, String)> {
+    fn finish(self) -> Vec<(u16, String, Instant)> {
         self.stop.store(true, Ordering::Relaxed);
         self.threads.into_iter().flat_map(|thread| thread.join().unwrap()).collect()
     }
 }
 
-fn assert_all_succeeded(seen: &[(u16, String)], at_least: usize) {
-    let failed: Vec<&(u16, String)> = seen.iter().filter(|(status, _)| *status != 200).collect();
+fn assert_all_succeeded(seen: &[(u16, String, Instant)], at_least: usize) {
+    let failed: Vec<&(u16, String, Instant)> = seen.iter().filter(|(status, ..)| *status != 200).collect();
     assert!(failed.is_empty(), "{} of {} requests failed, e.g. {:?}", failed.len(), seen.len(), failed.first());
     assert!(seen.len() >= at_least, "only {} requests ran", seen.len());
 }
@@ -203,9 +205,17 @@ fn a_restarted_gateway_rebuilds_its_index_from_snapshots() {
     std::thread::sleep(Duration::from_millis(300));
     let holders: Vec<String> = topics.iter().map(|text| explain(gateway.http, text).0).collect();
 
+    // Under load: requests sent while it is down fail to connect; every request sent once it is ready succeeds.
+    let load = Load::start(gateway.http, 2, 6);
+    std::thread::sleep(Duration::from_millis(300));
     gateway.process.signal(SIGKILL).unwrap();
     gateway.restart();
     gateway.wait_healthy(2, Duration::from_secs(30)).unwrap();
+    let ready_at = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    let seen = load.finish();
+    let after: Vec<&(u16, String, Instant)> = seen.iter().filter(|(.., sent)| *sent > ready_at).collect();
+    assert!(after.len() >= 2 && after.iter().all(|(status, ..)| *status == 200), "after the restart: {after:?}");
     for (text, holder) in topics.iter().zip(&holders) {
         let (chosen, held) = explain(gateway.http, text);
         assert_eq!(&chosen, holder, "the new gateway routes to the holder: {held:?}");
@@ -281,8 +291,44 @@ fn clients_that_drip_their_headers_or_body_are_cut_off() {
     assert!(response.contains("\"code\":\"timeout\""), "{response}");
     assert!(started.elapsed() >= Duration::from_millis(900) && started.elapsed() < Duration::from_secs(5));
 
+    // gRPC: a request message announced as 100 bytes, of which 5 arrive: DEADLINE_EXCEEDED, the stream freed.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (status, took) = runtime.block_on(grpc_with_a_stalled_message(gateway.grpc));
+    assert_eq!(status.as_deref(), Some("4"), "grpc-status DEADLINE_EXCEEDED");
+    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(5), "answered after {took:?}");
+
     // Well-behaved clients are unaffected.
     complete(gateway.http, "hello", 2);
+}
+
+/// Calls Generate over a raw HTTP/2 connection, sending only the start of the request message; returns the
+/// grpc-status the gateway answers with and how long that took.
+async fn grpc_with_a_stalled_message(addr: SocketAddr) -> (Option<String>, Duration) {
+    use http_body_util::BodyExt;
+    type Chunk = Result<hyper::body::Frame<bytes::Bytes>, std::convert::Infallible>;
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let executor = hyper_util::rt::TokioExecutor::new();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(executor, hyper_util::rt::TokioIo::new(tcp)).await.unwrap();
+    tokio::spawn(connection);
+    let (chunks, stream) = tokio::sync::mpsc::channel::<Chunk>(4);
+    let body = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(stream));
+    let request = hyper::Request::post(format!("http://{addr}/kvroute.v1.Generate/Generate"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(body)
+        .unwrap();
+    // The 5-byte gRPC prefix (uncompressed, 100 bytes long), then 5 of the 100 bytes, then silence.
+    chunks.send(Ok(hyper::body::Frame::data(bytes::Bytes::from_static(&[0, 0, 0, 0, 100])))).await.unwrap();
+    chunks.send(Ok(hyper::body::Frame::data(bytes::Bytes::from_static(&[10, 3, 97, 98, 99])))).await.unwrap();
+    let started = Instant::now();
+    let response = sender.send_request(request).await.unwrap();
+    let header_status = response.headers().get("grpc-status").map(|v| v.to_str().unwrap().to_string());
+    let collected = response.into_body().collect().await.unwrap();
+    let trailer_status =
+        collected.trailers().and_then(|t| t.get("grpc-status")).map(|v| v.to_str().unwrap().to_string());
+    drop(chunks);
+    (header_status.or(trailer_status), started.elapsed())
 }
 
 #[test]
