@@ -95,6 +95,12 @@ impl pb::agent_server::Agent for AgentService {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let request = AgentGenerateRequest::try_from(request.into_inner())
             .map_err(|error| Status::invalid_argument(error.to_string()))?;
+        if self.engine.is_refusing() {
+            // Answered here, at once: the engine thread may be in the middle of a step.
+            let error = GenerateError::Overloaded("the agent is overloaded: its queue is full or too slow".into());
+            crate::metrics::record_rejection(&error);
+            return Err(status_of(error));
+        }
         let prefetched = self.prefetch(&request).await;
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         let output = Box::new(move |output: Output| sender.send(Ok(response_of(output))).is_ok());

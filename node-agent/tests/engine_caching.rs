@@ -266,7 +266,7 @@ fn a_queue_that_waited_too_long_refuses_new_requests_until_it_drains() {
     engine.submit(request(&[3, 4], 2), sink()).unwrap();
     std::thread::sleep(Duration::from_millis(80));
     let refused = engine.submit(request(&[5, 6], 2), sink());
-    assert!(matches!(refused, Err(GenerateError::Overloaded(m)) if m.contains("waited")));
+    assert!(matches!(refused, Err(GenerateError::Overloaded(m)) if m.contains("would wait")));
     run_to_end(&mut engine);
     engine.submit(request(&[5, 6], 2), sink()).expect("an empty queue accepts again");
 }

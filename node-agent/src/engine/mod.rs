@@ -155,7 +155,12 @@ pub struct Engine<E: Executor> {
     next_id: u64,
     stats: EngineStats,
     tiering: Tiering,
+    /// When the latest requests left the waiting queue (at most [`DEPARTURES_KEPT`]), for its drain rate.
+    departures: VecDeque<Instant>,
 }
+
+/// Departures from the waiting queue kept to measure its drain rate.
+const DEPARTURES_KEPT: usize = 64;
 
 impl<E: Executor> Engine<E> {
     pub fn new(config: EngineConfig, executor: E, eos_ids: Vec<u32>, sink: Box<dyn EventSink>) -> Engine<E> {
@@ -170,6 +175,7 @@ impl<E: Executor> Engine<E> {
             next_id: 0,
             stats: EngineStats::default(),
             tiering: Tiering::default(),
+            departures: VecDeque::new(),
         }
     }
 
@@ -263,6 +269,32 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
+    /// Why a new request would be refused now, if it would: the queue is full, or a request queued now
+    /// would wait longer than `max_queue_delay`. That wait is the longer of how long the oldest waiting
+    /// request has waited and the queue's length over its measured drain rate.
+    pub fn admission_refusal(&self) -> Option<String> {
+        if self.waiting.len() >= self.config.max_waiting {
+            return Some(format!("the agent's queue is full ({} waiting)", self.config.max_waiting));
+        }
+        let limit = self.config.max_queue_delay?;
+        let oldest = self.waiting.iter().map(|seq| seq.queued_at.elapsed()).max()?;
+        let drained = match (self.departures.front(), self.departures.back()) {
+            (Some(first), Some(last)) if self.departures.len() > 1 && last > first => {
+                let rate = (self.departures.len() - 1) as f64 / last.duration_since(*first).as_secs_f64();
+                Duration::from_secs_f64(self.waiting.len() as f64 / rate)
+            }
+            _ => Duration::ZERO,
+        };
+        let wait = oldest.max(drained);
+        (wait > limit).then(|| {
+            format!(
+                "the agent's queue is too slow: a new request would wait about {:.1} s (limit {:.1} s)",
+                wait.as_secs_f64(),
+                limit.as_secs_f64()
+            )
+        })
+    }
+
     /// Queues a request; refuses it at once when invalid or when the queue is full.
     pub fn submit(&mut self, request: AgentGenerateRequest, output: Box<dyn OutputSink>) -> Result<u64, GenerateError> {
         self.submit_prefetched(request, output, Prefetched::default())
@@ -276,23 +308,9 @@ impl<E: Executor> Engine<E> {
         prefetched: Prefetched,
     ) -> Result<u64, GenerateError> {
         self.validate(&request)?;
-        if self.waiting.len() >= self.config.max_waiting {
+        if let Some(reason) = self.admission_refusal() {
             self.stats.rejected_total += 1;
-            return Err(GenerateError::Overloaded(format!(
-                "the agent's queue is full ({} waiting)",
-                self.config.max_waiting
-            )));
-        }
-        if let Some(limit) = self.config.max_queue_delay
-            && let Some(waited) = self.waiting.iter().map(|seq| seq.queued_at.elapsed()).max()
-            && waited > limit
-        {
-            self.stats.rejected_total += 1;
-            return Err(GenerateError::Overloaded(format!(
-                "the agent's queue is too slow: a request has waited {:.1} s (limit {:.1} s)",
-                waited.as_secs_f64(),
-                limit.as_secs_f64()
-            )));
+            return Err(GenerateError::Overloaded(reason));
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -428,6 +446,10 @@ impl<E: Executor> Engine<E> {
                 plan.push((seq.id, chunk));
                 budget -= chunk;
             }
+            if self.departures.len() == DEPARTURES_KEPT {
+                self.departures.pop_front();
+            }
+            self.departures.push_back(Instant::now());
             self.running.push(seq);
         }
 

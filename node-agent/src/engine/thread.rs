@@ -5,6 +5,7 @@
 //! block manager's events to every subscriber right after each step, and a
 //! heartbeat with load statistics every [`HEARTBEAT`].
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -97,6 +98,8 @@ pub struct StreamIdentity {
 pub struct EngineHandle {
     commands: mpsc::Sender<Command>,
     thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+    /// Set by the engine thread after every step while it would refuse new requests as overloaded.
+    refusing: Arc<AtomicBool>,
 }
 
 impl EngineHandle {
@@ -109,11 +112,19 @@ impl EngineHandle {
         network: Option<NetworkTier>,
     ) -> EngineHandle {
         let (commands, receiver) = mpsc::channel();
+        let refusing = Arc::new(AtomicBool::new(false));
+        let flag = refusing.clone();
         let thread = std::thread::Builder::new()
             .name("engine".into())
-            .spawn(move || EngineLoop::new(engine, sink, identity, network).run(receiver))
+            .spawn(move || EngineLoop::new(engine, sink, identity, network, flag).run(receiver))
             .ok();
-        EngineHandle { commands, thread: Arc::new(Mutex::new(thread)) }
+        EngineHandle { commands, thread: Arc::new(Mutex::new(thread)), refusing }
+    }
+
+    /// Whether the engine refuses new requests as overloaded (as of its last step): the server answers
+    /// those at once, without waiting for the engine thread to finish its step.
+    pub fn is_refusing(&self) -> bool {
+        self.refusing.load(Ordering::Relaxed)
     }
 
     /// Queues a request whose outputs go to `output`; resolves once the engine
@@ -181,10 +192,17 @@ struct EngineLoop<E: Executor> {
     draining: bool,
     next_heartbeat: Instant,
     network: Option<NetworkTier>,
+    refusing: Arc<AtomicBool>,
 }
 
 impl<E: Executor> EngineLoop<E> {
-    fn new(engine: Engine<E>, sink: SharedSink, identity: StreamIdentity, network: Option<NetworkTier>) -> Self {
+    fn new(
+        engine: Engine<E>,
+        sink: SharedSink,
+        identity: StreamIdentity,
+        network: Option<NetworkTier>,
+        refusing: Arc<AtomicBool>,
+    ) -> Self {
         EngineLoop {
             engine,
             sink,
@@ -193,6 +211,7 @@ impl<E: Executor> EngineLoop<E> {
             draining: false,
             next_heartbeat: Instant::now(),
             network,
+            refusing,
         }
     }
 
@@ -227,6 +246,7 @@ impl<E: Executor> EngineLoop<E> {
             if self.engine.has_work() {
                 self.engine.step();
             }
+            self.refusing.store(self.engine.admission_refusal().is_some(), Ordering::Relaxed);
             let events = self.take_events();
             if !events.is_empty() {
                 self.publish(events);
