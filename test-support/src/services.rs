@@ -15,6 +15,13 @@ pub fn loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
+/// Two fresh loopback addresses on different free ports (a process binds both).
+fn loopback_pair() -> (SocketAddr, SocketAddr) {
+    let first = loopback();
+    let second = std::iter::repeat_with(loopback).find(|candidate| *candidate != first).unwrap_or(first);
+    (first, second)
+}
+
 /// A node-agent process: gRPC on `grpc`, `/metrics` and `/health` on `metrics`.
 #[derive(Debug)]
 pub struct AgentProcess {
@@ -38,7 +45,7 @@ impl AgentProcess {
 
     fn start_with(args: &[&str], log: Option<Log>) -> AgentProcess {
         let args: Vec<String> = args.iter().map(|arg| (*arg).to_string()).collect();
-        let (grpc, metrics) = (loopback(), loopback());
+        let (grpc, metrics) = loopback_pair();
         let process = spawn_agent(&args, grpc, metrics, log.as_ref());
         wait_for_tcp(grpc, Duration::from_secs(60)).unwrap_or_else(|message| panic!("node-agent: {message}"));
         AgentProcess { process, grpc, metrics, args, log }
@@ -118,7 +125,7 @@ impl GatewayProcess {
         let list: Vec<String> = agents.iter().map(SocketAddr::to_string).collect();
         let mut all = vec!["--agents".to_string(), list.join(",")];
         all.extend(args.iter().map(|arg| (*arg).to_string()));
-        let (http, grpc) = (loopback(), loopback());
+        let (http, grpc) = loopback_pair();
         let process = spawn_gateway(&all, http, grpc, log.as_ref());
         GatewayProcess { process, http, grpc, args: all, log }
     }
