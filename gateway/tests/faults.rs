@@ -350,26 +350,10 @@ fn a_rolling_restart_of_the_agents_under_load_fails_no_request() {
     assert_all_succeeded(&load.finish(), 10);
 }
 
-/// Agents whose pools (24 blocks) and host tiers (64 KiB) overflow quickly, sharing `redis`.
+/// Agents whose pools and host tiers overflow quickly, sharing `redis`.
 fn tiered_agents(count: usize, redis: &RedisServer) -> Vec<AgentProcess> {
     (0..count)
-        .map(|i| {
-            let id = format!("agent-{i}");
-            AgentProcess::start(&[
-                "--model",
-                "tiny-random",
-                "--num-blocks",
-                "24",
-                "--host-cache-bytes",
-                "64KiB",
-                "--redis-url",
-                &redis.url(),
-                "--redis-timeout-ms",
-                "200",
-                "--agent-id",
-                &id,
-            ])
-        })
+        .map(|i| AgentProcess::start_tiered(&redis.url(), &format!("agent-{i}"), &["--redis-timeout-ms", "200"]))
         .collect()
 }
 

@@ -29,21 +29,6 @@ fn cached(http: SocketAddr, key: &str, prompt: &str) -> u64 {
     response["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
 }
 
-fn tiered_agent(redis: &RedisServer, id: &str) -> AgentProcess {
-    AgentProcess::start(&[
-        "--model",
-        "tiny-random",
-        "--num-blocks",
-        "24",
-        "--host-cache-bytes",
-        "64KiB",
-        "--redis-url",
-        &redis.url(),
-        "--agent-id",
-        id,
-    ])
-}
-
 #[test]
 fn a_private_tenant_never_hits_another_tenants_blocks_in_any_tier_and_scope_off_never_reuses() {
     let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -51,7 +36,10 @@ fn a_private_tenant_never_hits_another_tenants_blocks_in_any_tier_and_scope_off_
     std::fs::write(keys.path(), KEYS).unwrap();
     let keys_arg = ["--api-keys", keys.path().to_str().unwrap()];
     let redis = RedisServer::start();
-    let agents = [tiered_agent(&redis, "agent-a"), tiered_agent(&redis, "agent-b")];
+    let agents = [
+        AgentProcess::start_tiered(&redis.url(), "agent-a", &[]),
+        AgentProcess::start_tiered(&redis.url(), "agent-b", &[]),
+    ];
     // One gateway per agent, so the test decides which replica serves.
     let on_a = GatewayProcess::start(&[agents[0].grpc], &keys_arg);
     let on_b = GatewayProcess::start(&[agents[1].grpc], &keys_arg);

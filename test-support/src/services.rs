@@ -51,6 +51,13 @@ impl AgentProcess {
         AgentProcess { process, grpc, metrics, args, log }
     }
 
+    /// A tiny-random agent whose pool (24 blocks) and host tier (64 KiB) overflow within a few requests,
+    /// spilling to the Redis tier at `redis_url`; `extra` adds arguments.
+    pub fn start_tiered(redis_url: &str, id: &str, extra: &[&str]) -> AgentProcess {
+        let base = ["--model", "tiny-random", "--num-blocks", "24", "--host-cache-bytes", "64KiB"];
+        AgentProcess::start(&[&base[..], &["--redis-url", redis_url, "--agent-id", id], extra].concat())
+    }
+
     /// Starts the agent again with the same arguments and ports (after it exited or was killed).
     pub fn restart(&mut self) {
         self.process.kill();
