@@ -11,17 +11,19 @@
 //! - **in use**: referenced by one or more sequences' block tables (ref count > 0),
 //!   registered or not.
 //!
-//! Eviction takes the cached block with the lowest release stamp. A sequence
+//! Eviction takes the cached block released longest ago. A sequence
 //! releases its blocks tail first, so among blocks freed together the chain's
 //! tail goes before its prefix. Every registration and every eviction is
 //! reported to the [`EventSink`]; evicted blocks are also queued for the caller
 //! ([`BlockManager::take_evicted`]) so a lower tier can copy their data before
 //! the block is overwritten.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use kvroute_proto::block_hash::{BlockHash, BlockHashMap, BlockHasher, ChainKey};
 use kvroute_proto::domain::{KvEvent, Tier};
+
+use crate::lru::LruOrder;
 
 /// Index of a block in the pool.
 pub type BlockId = u32;
@@ -66,8 +68,6 @@ pub struct PoolBlock {
 struct BlockMeta {
     ref_count: u32,
     hash: Option<BlockHash>,
-    /// Release stamp while cached (the eviction order key).
-    stamp: u64,
     /// Times a new sequence reused this block from the prefix cache since it was filled.
     hits: u32,
 }
@@ -104,11 +104,10 @@ pub struct BlockManager {
     model_id: String,
     blocks: Vec<BlockMeta>,
     free: Vec<BlockId>,
-    /// Cached (evictable) blocks by (stamp, id).
-    evictable: BTreeSet<(u64, BlockId)>,
+    /// Cached (evictable) blocks, least recently released first.
+    evictable: LruOrder,
     by_hash: BlockHashMap<BlockId>,
     seqs: HashMap<u64, SeqState>,
-    next_stamp: u64,
     evicted: Vec<PoolBlock>,
     /// Reuses after which a block is reported hot (0: never).
     hot_after: u32,
@@ -135,10 +134,9 @@ impl BlockManager {
             blocks: vec![BlockMeta::default(); num_blocks],
             // Pop from the end: hand out low ids first.
             free: (0..num_blocks as BlockId).rev().collect(),
-            evictable: BTreeSet::new(),
+            evictable: LruOrder::new(num_blocks),
             by_hash: BlockHashMap::default(),
             seqs: HashMap::new(),
-            next_stamp: 0,
             evicted: Vec::new(),
             hot_after: 0,
             sink,
@@ -319,9 +317,7 @@ impl BlockManager {
                 continue;
             }
             if meta.hash.is_some() {
-                meta.stamp = self.next_stamp;
-                self.next_stamp += 1;
-                self.evictable.insert((meta.stamp, block));
+                self.evictable.push_back(block);
             } else {
                 self.free.push(block);
             }
@@ -351,7 +347,7 @@ impl BlockManager {
     fn acquire(&mut self, block: BlockId) {
         let meta = &mut self.blocks[block as usize];
         if meta.ref_count == 0 {
-            self.evictable.remove(&(meta.stamp, block));
+            self.evictable.remove(block);
         }
         meta.ref_count += 1;
     }
@@ -360,10 +356,9 @@ impl BlockManager {
         let block = match self.free.pop() {
             Some(block) => block,
             None => {
-                let Some((stamp, block)) = self.evictable.pop_first() else {
+                let Some(block) = self.evictable.pop_front() else {
                     return Err(OutOfBlocks { needed: 1, available: 0 });
                 };
-                debug_assert_eq!(stamp, self.blocks[block as usize].stamp);
                 if let Some(hash) = self.blocks[block as usize].hash.take() {
                     self.by_hash.remove(&hash);
                     self.evicted.push(PoolBlock { block, hash });
@@ -398,7 +393,7 @@ impl BlockManager {
                 ));
             }
             let in_free = free.contains(&id);
-            let in_evictable = self.evictable.contains(&(meta.stamp, id));
+            let in_evictable = self.evictable.contains(id);
             let in_use = meta.ref_count > 0;
             if usize::from(in_free) + usize::from(in_evictable) + usize::from(in_use) != 1 {
                 return Err(format!("block {id}: free={in_free} cached={in_evictable} in_use={in_use}"));

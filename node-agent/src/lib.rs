@@ -6,6 +6,7 @@
 //! - [`model`]: a Llama-architecture transformer on the CPU with paged attention.
 //! - [`server`]: the gRPC service, a thin shell over the engine thread.
 //! - [`metrics`]: every exported metric, in one place.
+//! - [`lru`]: the least-recently-used order the pool and the host tier evict by.
 //! - [`tiers`]: host RAM (G2) and the shared Redis tier (G3) below the pool.
 //! - [`capacity`]: the capacity calculator (`node-agent capacity`).
 
@@ -13,6 +14,7 @@ pub mod block_manager;
 pub mod capacity;
 pub mod config;
 pub mod engine;
+pub mod lru;
 pub mod metrics;
 pub mod model;
 pub mod run;

@@ -66,6 +66,7 @@ impl BlockHash {
 
     /// The first 8 bytes as a little-endian integer: a well-mixed key for
     /// hash maps that already know the value is a blake3 output.
+    #[inline]
     pub fn low_u64(&self) -> u64 {
         let mut low = [0u8; 8];
         low.copy_from_slice(&self.0[..8]);

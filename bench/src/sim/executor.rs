@@ -8,7 +8,10 @@
 //! times this executor reports are computed from the real sizes.
 
 use kvroute_node_agent::block_manager::BlockId;
+use std::sync::Arc;
+
 use kvroute_node_agent::engine::{ChunkSpec, Executor};
+use kvroute_node_agent::tiers::host::BlockBytes;
 
 use super::profile::CostProfile;
 
@@ -22,6 +25,7 @@ pub struct CostExecutor {
     /// Seconds of the last execute, including the block writes since the one before.
     last_seconds: f64,
     pending_copy_seconds: f64,
+    stand_in: BlockBytes,
 }
 
 impl CostExecutor {
@@ -32,6 +36,7 @@ impl CostExecutor {
             num_blocks: profile.num_blocks(),
             last_seconds: 0.0,
             pending_copy_seconds: 0.0,
+            stand_in: Arc::new(vec![0; STAND_IN_BYTES]),
         }
     }
 
@@ -54,8 +59,9 @@ impl Executor for CostExecutor {
         batch.iter().map(|chunk| chunk.want_logits.then(|| vec![0.0])).collect()
     }
 
-    fn read_block(&self, _block: BlockId) -> Vec<u8> {
-        vec![0; STAND_IN_BYTES]
+    fn read_block(&self, _block: BlockId) -> BlockBytes {
+        // Every block's stand-in is the same bytes: share one allocation.
+        self.stand_in.clone()
     }
 
     fn write_block(&mut self, _block: BlockId, bytes: &[u8]) -> Result<(), String> {

@@ -5,6 +5,7 @@
 //! simulator, so both drive the same scheduler and block manager.
 
 use crate::block_manager::BlockId;
+use crate::tiers::host::BlockBytes;
 
 /// One sequence's share of a step: `tokens` at positions `start_pos..`, with
 /// earlier positions already in the pool through `block_table`.
@@ -22,8 +23,8 @@ pub trait Executor {
     /// Computes every chunk, writing their K/V into the pool; returns the last
     /// token's logits of each chunk that wants them.
     fn execute(&mut self, batch: &[ChunkSpec<'_>]) -> Vec<Option<Vec<f32>>>;
-    /// The exact stored bytes of a block (all layers, K and V).
-    fn read_block(&self, block: BlockId) -> Vec<u8>;
+    /// The exact stored bytes of a block (all layers, K and V), in the form the tiers keep.
+    fn read_block(&self, block: BlockId) -> BlockBytes;
     /// Overwrites a block with bytes from [`Executor::read_block`].
     fn write_block(&mut self, block: BlockId, bytes: &[u8]) -> Result<(), String>;
     fn num_blocks(&self) -> usize;

@@ -15,7 +15,6 @@ pub mod thread;
 pub mod tiering;
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvroute_proto::BlockHash;
@@ -23,6 +22,7 @@ use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, FinishReason, KvEve
 
 use crate::block_manager::{BlockId, BlockManager, EventSink, PoolBlock};
 use crate::model::sampling::Sampler;
+use crate::tiers::host::BlockBytes;
 pub use executor::{ChunkSpec, Executor};
 pub use request::{GenerateError, Output, OutputSink, Usage};
 pub use tiering::{Prefetched, Tiering};
@@ -114,7 +114,7 @@ struct Sequence {
     output: Box<dyn OutputSink>,
     stop_ids: Vec<u32>,
     /// Block contents saved by a swap preemption.
-    swapped: Option<Vec<Vec<u8>>>,
+    swapped: Option<Vec<BlockBytes>>,
     /// Blocks fetched from the network tier before admission.
     prefetched: Prefetched,
     /// Full-block hashes of the first `.0` tokens, kept while the sequence waits for admission.
@@ -573,7 +573,7 @@ impl<E: Executor> Engine<E> {
     }
 
     /// Restores a swapped sequence into freshly placed blocks.
-    fn swap_in(&mut self, seq: &mut Sequence, saved: Vec<Vec<u8>>, cached_blocks: usize) {
+    fn swap_in(&mut self, seq: &mut Sequence, saved: Vec<BlockBytes>, cached_blocks: usize) {
         self.tiering.release_swap((saved.len() * self.executor.bytes_per_block()) as u64);
         let table: Vec<BlockId> = self.blocks.block_table(seq.id).to_vec();
         for (index, bytes) in saved.iter().enumerate().skip(cached_blocks) {
@@ -591,7 +591,7 @@ impl<E: Executor> Engine<E> {
     /// Sends blocks that just became hot to the network tier (they stay in the pool).
     fn write_through(&mut self, hot: &[PoolBlock]) {
         for block in hot {
-            let bytes = Arc::new(self.executor.read_block(block.block));
+            let bytes = self.executor.read_block(block.block);
             self.tiering.spill(block.hash, bytes);
         }
         if !hot.is_empty() {
@@ -602,7 +602,7 @@ impl<E: Executor> Engine<E> {
     /// Hands blocks evicted from the pool, with their bytes, to the tiers.
     fn collect_evicted(&mut self) {
         for evicted in self.blocks.take_evicted() {
-            let bytes = Arc::new(self.executor.read_block(evicted.block));
+            let bytes = self.executor.read_block(evicted.block);
             self.tiering.accept_evicted(evicted.hash, bytes);
         }
     }

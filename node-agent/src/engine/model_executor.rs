@@ -1,8 +1,11 @@
 //! The real [`Executor`]: the model's forward pass over its paged [`KvStore`].
 
+use std::sync::Arc;
+
 use crate::block_manager::BlockId;
 use crate::engine::{ChunkSpec, Executor};
 use crate::model::{KvStore, Model, SeqChunk};
+use crate::tiers::host::BlockBytes;
 
 /// A model and the KV pool it computes into.
 pub struct ModelExecutor {
@@ -38,8 +41,8 @@ impl Executor for ModelExecutor {
         self.model.forward(&mut self.kv, &chunks)
     }
 
-    fn read_block(&self, block: BlockId) -> Vec<u8> {
-        self.kv.block_to_bytes(block)
+    fn read_block(&self, block: BlockId) -> BlockBytes {
+        Arc::new(self.kv.block_to_bytes(block))
     }
 
     fn write_block(&mut self, block: BlockId, bytes: &[u8]) -> Result<(), String> {

@@ -4,27 +4,27 @@
 //! replays it). Blocks swapped out by preemption are charged to the same byte
 //! budget through [`HostTier::reserve`], so host memory has one bound.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kvroute_proto::block_hash::{BlockHash, BlockHashMap};
 
+use crate::lru::LruOrder;
+
 /// A block's stored bytes, shared without copying between tiers.
 pub type BlockBytes = Arc<Vec<u8>>;
-
-struct Entry {
-    bytes: BlockBytes,
-    stamp: u64,
-}
 
 /// Host-RAM block cache with an exact byte bound.
 pub struct HostTier {
     capacity: u64,
     used: u64,
     reserved: u64,
-    entries: BlockHashMap<Entry>,
-    order: BTreeMap<u64, BlockHash>,
-    next_stamp: u64,
+    /// Each stored block's slot.
+    entries: BlockHashMap<u32>,
+    /// Stored blocks by slot; `None` for a vacant slot.
+    slots: Vec<Option<(BlockHash, BlockBytes)>>,
+    vacant: Vec<u32>,
+    /// Occupied slots, least recently used first.
+    order: LruOrder,
 }
 
 impl std::fmt::Debug for HostTier {
@@ -45,8 +45,9 @@ impl HostTier {
             used: 0,
             reserved: 0,
             entries: BlockHashMap::default(),
-            order: BTreeMap::new(),
-            next_stamp: 0,
+            slots: Vec::new(),
+            vacant: Vec::new(),
+            order: LruOrder::new(0),
         }
     }
 
@@ -89,38 +90,39 @@ impl HostTier {
         if size + self.reserved > self.capacity {
             return Vec::new();
         }
-        if let Some(old) = self.entries.remove(&hash) {
-            self.order.remove(&old.stamp);
-            self.used -= old.bytes.len() as u64;
-        }
+        self.remove(&hash);
         let evicted = self.make_room(size);
-        let stamp = self.bump();
-        self.order.insert(stamp, hash);
-        self.entries.insert(hash, Entry { bytes, stamp });
+        let slot = match self.vacant.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some((hash, bytes));
+                slot
+            }
+            None => {
+                self.slots.push(Some((hash, bytes)));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.order.push_back(slot);
+        self.entries.insert(hash, slot);
         self.used += size;
         evicted
     }
 
     /// A block's bytes, marking it most recently used.
     pub fn get(&mut self, hash: &BlockHash) -> Option<BlockBytes> {
-        let stamp = self.next_stamp;
-        let entry = self.entries.get_mut(hash)?;
-        self.order.remove(&entry.stamp);
-        entry.stamp = stamp;
-        self.order.insert(stamp, *hash);
-        self.next_stamp += 1;
-        Some(entry.bytes.clone())
+        let slot = *self.entries.get(hash)?;
+        self.order.push_back(slot);
+        self.slots[slot as usize].as_ref().map(|(_, bytes)| bytes.clone())
     }
 
     pub fn remove(&mut self, hash: &BlockHash) -> bool {
-        match self.entries.remove(hash) {
-            Some(entry) => {
-                self.order.remove(&entry.stamp);
-                self.used -= entry.bytes.len() as u64;
-                true
-            }
-            None => false,
+        let Some(slot) = self.entries.remove(hash) else { return false };
+        self.order.remove(slot);
+        if let Some((_, bytes)) = self.slots[slot as usize].take() {
+            self.used -= bytes.len() as u64;
         }
+        self.vacant.push(slot);
+        true
     }
 
     /// Charges `bytes` of swapped-out data to the budget, evicting cached
@@ -141,23 +143,21 @@ impl HostTier {
     /// Removes every cached block; returns their hashes.
     pub fn clear(&mut self) -> Vec<BlockHash> {
         self.order.clear();
+        self.slots.clear();
+        self.vacant.clear();
         self.used = 0;
         self.entries.drain().map(|(hash, _)| hash).collect()
-    }
-
-    fn bump(&mut self) -> u64 {
-        let stamp = self.next_stamp;
-        self.next_stamp += 1;
-        stamp
     }
 
     fn make_room(&mut self, incoming: u64) -> Vec<(BlockHash, BlockBytes)> {
         let mut evicted = Vec::new();
         while self.used + self.reserved + incoming > self.capacity {
-            let Some((_, hash)) = self.order.pop_first() else { break };
-            if let Some(entry) = self.entries.remove(&hash) {
-                self.used -= entry.bytes.len() as u64;
-                evicted.push((hash, entry.bytes));
+            let Some(slot) = self.order.pop_front() else { break };
+            if let Some((hash, bytes)) = self.slots[slot as usize].take() {
+                self.entries.remove(&hash);
+                self.used -= bytes.len() as u64;
+                self.vacant.push(slot);
+                evicted.push((hash, bytes));
             }
         }
         evicted
