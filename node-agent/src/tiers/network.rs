@@ -151,10 +151,12 @@ pub struct NetworkTier {
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// Blocks fetched per pipelined round trip.
-const FETCH_WINDOW: usize = 32;
-/// Fetch round trips in flight at once (the next window travels while the last one is verified).
-const FETCHES_IN_FLIGHT: usize = 4;
+/// Blocks fetched per pipelined round trip. Small, so that each record is verified as soon as it lands
+/// while the next windows travel: on 2 cores, windows of 32 read at 41% of raw Redis, windows of 1-2 at
+/// 50-76% (docs/benchmarks.md).
+const FETCH_WINDOW: usize = 2;
+/// Fetch round trips in flight at once, each on its own pooled connection.
+const FETCHES_IN_FLIGHT: usize = 8;
 /// Blocks written per pipelined round trip.
 const WRITE_BATCH: usize = 64;
 /// Writer tasks, each with one batch in flight.
