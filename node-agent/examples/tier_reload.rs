@@ -193,81 +193,65 @@ async fn throughput(spec: &str, redis: &RedisServer) -> Result<(), Box<dyn std::
     let payloads: Vec<Arc<Vec<u8>>> =
         (0..count).map(|i| Arc::new(vec![(i % 251) as u8; payload_len as usize])).collect();
     let record_len = block_record::encode(&fingerprint, BLOCK_SIZE as u32, &hashes[0], &payloads[0]).len();
-    // Connect before timing.
-    network.fetch_run(&hashes[..1]).await;
-    let start = Instant::now();
-    for (hash, payload) in hashes.iter().zip(&payloads) {
-        assert!(network.spill(*hash, payload.clone()), "the write queue holds every block");
-    }
-    wait_stored(&stored, count).await;
-    let write = start.elapsed();
     let megabytes = (count * record_len) as f64 / 1e6;
-    println!("block record {record_len} bytes, {count} records");
-    println!("network tier write (records built and checksummed): {:.0} MB/s", megabytes / write.as_secs_f64());
-    // The same records through the tier's Redis client alone, under redis-benchmark's key names so that its
-    // GETs below find these values.
+    println!("block record {record_len} bytes, {count} records, {megabytes:.0} MB a round");
     let pool = RespPool::from_url(&redis.url(), record_len + 1024)?;
     let records: Vec<Arc<Vec<u8>>> = hashes
         .iter()
         .zip(&payloads)
         .map(|(hash, payload)| Arc::new(block_record::encode(&fingerprint, BLOCK_SIZE as u32, hash, payload)))
         .collect();
+    // redis-benchmark's key names, so that its GETs find the values the client writes.
     let keys: Vec<String> = (0..count).map(|i| format!("key:{i:012}")).collect();
-    let start = Instant::now();
-    for (keys, records) in keys.chunks(64).zip(records.chunks(64)) {
-        let ops = keys.iter().zip(records).map(|(key, record)| Op::Set {
-            key: key.clone(),
-            head: Vec::new(),
-            body: record.clone(),
-            ttl_seconds: None,
-        });
-        pool.run(&ops.collect::<Vec<_>>()).await?;
-    }
-    println!("its Redis client alone, pipelines of 64 SETs: {:.0} MB/s", megabytes / start.elapsed().as_secs_f64());
+    let mut flush = redis::Client::open(redis.url())?.get_connection()?;
     let port = redis.port().to_string();
-    let raw_set = redis_benchmark(&port, "set", 1_000_000_000, count, record_len);
-    match raw_set {
-        Some(rate) => println!("redis-benchmark set (1 client, pipeline 16, new keys): {rate:.0} MB/s"),
-        None => println!("redis-benchmark not found: raw throughput not measured"),
+    // Connect before timing.
+    network.fetch_run(&hashes[..1]).await;
+
+    // Rounds alternate the three so that a noisy neighbour slows all three alike; the first round warms
+    // connections and memory and is not counted. Every write round starts from an empty Redis.
+    const ROUNDS: usize = 7;
+    let mut writes = Rates::default();
+    for round in 0..=ROUNDS {
+        redis::cmd("FLUSHALL").exec(&mut flush)?;
+        let before = stored.load(Ordering::Relaxed);
+        let start = Instant::now();
+        for (hash, payload) in hashes.iter().zip(&payloads) {
+            assert!(network.spill(*hash, payload.clone()), "the write queue holds every block");
+        }
+        wait_stored(&stored, before + count).await;
+        let tier = megabytes / start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        write_with_client(&pool, &keys, &records).await?;
+        let client = megabytes / start.elapsed().as_secs_f64();
+        let raw = redis_benchmark(&port, "set", 1_000_000_000, count, record_len);
+        writes.add(round, tier, client, raw);
     }
-    // Reads, in alternating rounds so that a noisy neighbour slows all three alike; medians reported.
-    const ROUNDS: usize = 5;
-    let (mut tier, mut client, mut raw) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..ROUNDS {
+    writes.print("writes (tier: records built and checksummed; client: pipelines of 64 SETs)");
+
+    redis::cmd("FLUSHALL").exec(&mut flush)?;
+    let before = stored.load(Ordering::Relaxed);
+    for (hash, payload) in hashes.iter().zip(&payloads) {
+        assert!(network.spill(*hash, payload.clone()), "the write queue holds every block");
+    }
+    wait_stored(&stored, before + count).await;
+    write_with_client(&pool, &keys, &records).await?;
+    let mut reads = Rates::default();
+    for round in 0..=ROUNDS {
         let start = Instant::now();
         let read = network.fetch_run(&hashes).await;
-        tier.push(megabytes / start.elapsed().as_secs_f64());
+        let tier = megabytes / start.elapsed().as_secs_f64();
         assert_eq!(read.len(), count, "every block reads back");
         drop(read);
         let start = Instant::now();
         for keys in keys.chunks(32) {
             pool.run(&keys.iter().map(|key| Op::Get(key.clone())).collect::<Vec<_>>()).await?;
         }
-        client.push(megabytes / start.elapsed().as_secs_f64());
-        if let Some(rate) = redis_benchmark(&port, "get", count, count, record_len) {
-            raw.push(rate);
-        }
+        let client = megabytes / start.elapsed().as_secs_f64();
+        let raw = redis_benchmark(&port, "get", count, count, record_len);
+        reads.add(round, tier, client, raw);
     }
-    let median = |values: &mut Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
-    };
-    let show = |values: &[f64]| values.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(", ");
-    println!("reads, {ROUNDS} alternating rounds (MB/s):");
-    println!("  network tier (read back and verified): {} (median {:.0})", show(&tier), median(&mut tier.clone()));
-    println!(
-        "  its Redis client alone (pipelines of 32 GETs): {} (median {:.0})",
-        show(&client),
-        median(&mut client.clone())
-    );
-    if !raw.is_empty() {
-        println!(
-            "  redis-benchmark get (1 client, pipeline 16): {} (median {:.0})",
-            show(&raw),
-            median(&mut raw.clone())
-        );
-        println!("  network tier / raw, median: {:.0}%", 100.0 * median(&mut tier) / median(&mut raw));
-    }
+    reads.print("reads (tier: read back and verified; client: pipelines of 32 GETs)");
     Ok(())
 }
 
@@ -283,4 +267,63 @@ fn redis_benchmark(port: &str, test: &str, keyspace: usize, requests: usize, val
         let fields: Vec<&str> = line.split(',').map(|f| f.trim_matches('"')).collect();
         fields.get(1).and_then(|f| f.parse::<f64>().ok()).map(|rps| rps * value_len as f64 / 1e6)
     })
+}
+
+/// SETs every record under its key, in pipelines of 64.
+async fn write_with_client(
+    pool: &RespPool,
+    keys: &[String],
+    records: &[Arc<Vec<u8>>],
+) -> Result<(), Box<dyn std::error::Error>> {
+    for (keys, records) in keys.chunks(64).zip(records.chunks(64)) {
+        let ops = keys.iter().zip(records).map(|(key, record)| Op::Set {
+            key: key.clone(),
+            head: Vec::new(),
+            body: record.clone(),
+            ttl_seconds: None,
+        });
+        pool.run(&ops.collect::<Vec<_>>()).await?;
+    }
+    Ok(())
+}
+
+/// MB/s of the tier, its client alone and redis-benchmark, one of each per counted round.
+#[derive(Default)]
+struct Rates {
+    tier: Vec<f64>,
+    client: Vec<f64>,
+    raw: Vec<f64>,
+}
+
+impl Rates {
+    /// Records a round's rates; round 0 is the warm-up and is dropped.
+    fn add(&mut self, round: usize, tier: f64, client: f64, raw: Option<f64>) {
+        if round > 0 {
+            self.tier.push(tier);
+            self.client.push(client);
+            self.raw.extend(raw);
+        }
+    }
+
+    fn print(&self, title: &str) {
+        let median = |values: &[f64]| {
+            let mut sorted = values.to_vec();
+            sorted.sort_by(f64::total_cmp);
+            sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        let show = |values: &[f64]| values.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(", ");
+        println!("{title}, {} rounds after a warm-up round, MB/s:", self.tier.len());
+        println!("  network tier: {} (median {:.0})", show(&self.tier), median(&self.tier));
+        println!("  its Redis client alone: {} (median {:.0})", show(&self.client), median(&self.client));
+        if self.raw.is_empty() {
+            println!("  redis-benchmark not found: raw throughput not measured");
+        } else {
+            println!(
+                "  redis-benchmark (1 client, pipeline 16): {} (median {:.0})",
+                show(&self.raw),
+                median(&self.raw)
+            );
+            println!("  network tier / raw, medians: {:.0}%", 100.0 * median(&self.tier) / median(&self.raw));
+        }
+    }
 }

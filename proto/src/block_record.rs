@@ -111,6 +111,15 @@ pub fn decode<'a>(record: &'a [u8], expected: &Expected<'_>) -> Result<&'a [u8],
         return Err(RecordError::Truncated);
     }
     let (header, payload) = record.split_at(HEADER_LEN);
+    verify_parts(header, payload, expected)?;
+    Ok(payload)
+}
+
+/// Verifies a record held as its first [`HEADER_LEN`] bytes and the rest, as [`decode`] verifies it whole.
+pub fn verify_parts(header: &[u8], payload: &[u8], expected: &Expected<'_>) -> Result<(), RecordError> {
+    if header.len() != HEADER_LEN {
+        return Err(RecordError::Truncated);
+    }
     if &header[0..4] != MAGIC {
         return Err(RecordError::BadMagic);
     }
@@ -141,7 +150,7 @@ pub fn decode<'a>(record: &'a [u8], expected: &Expected<'_>) -> Result<&'a [u8],
     if header[68..100] != *blake3::hash(payload).as_bytes() {
         return Err(RecordError::ChecksumMismatch);
     }
-    Ok(payload)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -162,6 +171,20 @@ mod tests {
         let record = encode(&fingerprint, 16, &hash, &payload);
         let expected = Expected { fingerprint: &fingerprint, block_size: 16, hash: &hash, payload_len: 64 };
         assert_eq!(decode(&record, &expected), Ok(&payload[..]));
+    }
+
+    #[test]
+    fn a_record_split_after_its_header_verifies_as_a_whole_one_does() {
+        let (fingerprint, hash, payload) = fixture();
+        let mut record = encode(&fingerprint, 16, &hash, &payload);
+        let expected = Expected { fingerprint: &fingerprint, block_size: 16, hash: &hash, payload_len: 64 };
+        let (header, body) = record.split_at(HEADER_LEN);
+        assert_eq!(verify_parts(header, body, &expected), Ok(()));
+        assert_eq!(verify_parts(&header[..HEADER_LEN - 1], body, &expected), Err(RecordError::Truncated));
+        let last = record.len() - 1;
+        record[last] ^= 1;
+        let (header, body) = record.split_at(HEADER_LEN);
+        assert_eq!(verify_parts(header, body, &expected), Err(RecordError::ChecksumMismatch));
     }
 
     #[test]

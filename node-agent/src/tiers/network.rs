@@ -88,7 +88,7 @@ impl Connection {
 
 fn cluster_command(op: Op) -> redis::Cmd {
     match op {
-        Op::Get(key) => redis::Cmd::get(key),
+        Op::Get(key) | Op::GetSplit { key, .. } => redis::Cmd::get(key),
         Op::Set { key, mut head, body, ttl_seconds } => {
             head.extend_from_slice(&body);
             match ttl_seconds {
@@ -291,7 +291,8 @@ enum WindowEnd {
 
 /// Fetches and verifies one window of a chain.
 async fn fetch_window(shared: Arc<Shared>, mut connection: Connection, window: Vec<BlockHash>) -> Window {
-    let gets: Vec<Op> = window.iter().map(|hash| Op::Get(shared.key(hash))).collect();
+    let gets: Vec<Op> =
+        window.iter().map(|hash| Op::GetSplit { key: shared.key(hash), head_len: block_record::HEADER_LEN }).collect();
     let replies = match tokio::time::timeout(shared.config.timeout, connection.run_each(gets)).await {
         Ok(Ok(replies)) => replies,
         Ok(Err(error)) => return Window { blocks: Vec::new(), end: Some(WindowEnd::Failed(error)) },
@@ -299,20 +300,24 @@ async fn fetch_window(shared: Arc<Shared>, mut connection: Connection, window: V
     };
     let mut blocks = Vec::with_capacity(window.len());
     for (hash, reply) in window.iter().zip(replies) {
-        let Reply::Bulk(Some(mut record)) = reply else { return Window { blocks, end: Some(WindowEnd::Miss(*hash)) } };
         let expected = Expected {
             fingerprint: &shared.fingerprint,
             block_size: shared.block_size,
             hash,
             payload_len: shared.payload_len,
         };
-        match block_record::decode(&record, &expected) {
-            Ok(payload) => {
-                // Keep the record's allocation: move the payload to its front.
-                let offset = record.len() - payload.len();
-                record.drain(..offset);
-                blocks.push(Arc::new(record));
+        // A standalone server's client splits the record's header from its payload as it reads; a cluster's
+        // whole value is split here.
+        let (head, payload) = match reply {
+            Reply::Split(Some(parts)) => parts,
+            Reply::Bulk(Some(mut record)) => {
+                let payload = record.split_off(record.len().min(block_record::HEADER_LEN));
+                (record, payload)
             }
+            _ => return Window { blocks, end: Some(WindowEnd::Miss(*hash)) },
+        };
+        match block_record::verify_parts(&head, &payload, &expected) {
+            Ok(()) => blocks.push(Arc::new(payload)),
             Err(error) => return Window { blocks, end: Some(WindowEnd::Corrupt(*hash, error)) },
         }
     }

@@ -10,6 +10,12 @@ use thiserror::Error;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
     Get(String),
+    /// A GET whose value comes back as [`Reply::Split`]: its first `head_len` bytes and the rest, each in its
+    /// own allocation (a block record's header and payload, so the payload needs no move).
+    GetSplit {
+        key: String,
+        head_len: usize,
+    },
     /// SET of the value `head` followed by `body` (shared, so large values are not copied to build the
     /// command), with an optional expiry in seconds.
     Set {
@@ -35,6 +41,8 @@ pub enum Reply {
     Integer(i64),
     /// A bulk string; `None` for the nil reply (a missing key).
     Bulk(Option<Vec<u8>>),
+    /// The value of an [`Op::GetSplit`] as (head, rest); `None` for a missing key.
+    Split(Option<(Vec<u8>, Vec<u8>)>),
     /// `-ERR ...`: the server refused this command.
     Error(String),
 }
@@ -69,7 +77,7 @@ pub const MAX_LINE: usize = 64 * 1024;
 pub fn encode(ops: &[Op], buf: &mut Vec<u8>) {
     for op in ops {
         match op {
-            Op::Get(key) => command(buf, &[b"GET", key.as_bytes()]),
+            Op::Get(key) | Op::GetSplit { key, .. } => command(buf, &[b"GET", key.as_bytes()]),
             Op::Set { key, head, body, ttl_seconds } => {
                 let ttl = ttl_seconds.map(|ttl| ttl.to_string());
                 let args = if ttl.is_some() { 5 } else { 3 };
@@ -99,7 +107,7 @@ pub fn encoded_len_hint(ops: &[Op]) -> usize {
     ops.iter()
         .map(|op| match op {
             Op::Set { key, head, body, .. } => 64 + key.len() + head.len() + body.len(),
-            Op::Get(key) | Op::Del(key) => 32 + key.len(),
+            Op::Get(key) | Op::GetSplit { key, .. } | Op::Del(key) => 32 + key.len(),
             Op::Auth { username, password } => 48 + username.as_ref().map_or(0, String::len) + password.len(),
             Op::Ping | Op::Select(_) => 48,
         })

@@ -107,47 +107,65 @@ impl Connection {
         resp::encode(ops, &mut request);
         self.stream.write_all(&request).await?;
         let mut replies = Vec::with_capacity(ops.len());
-        while replies.len() < ops.len() {
-            replies.push(self.read_reply(max_bulk).await?);
+        for op in ops {
+            let split = match op {
+                Op::GetSplit { head_len, .. } => Some(*head_len),
+                _ => None,
+            };
+            replies.push(self.read_reply(max_bulk, split).await?);
         }
         Ok(replies)
     }
 
-    async fn read_reply(&mut self, max_bulk: usize) -> Result<Reply, ClientError> {
+    /// The next reply; a bulk string is split after `split` bytes when given ([`Reply::Split`]).
+    async fn read_reply(&mut self, max_bulk: usize, split: Option<usize>) -> Result<Reply, ClientError> {
         loop {
             let Some((header, used)) = resp::parse_header(&self.buf[self.start..self.end], max_bulk)? else {
                 self.fill().await?;
                 continue;
             };
             self.start += used;
-            return Ok(match header {
-                Header::Status(text) => Reply::Status(text),
-                Header::Error(text) => Reply::Error(text),
-                Header::Integer(value) => Reply::Integer(value),
-                Header::Nil => Reply::Bulk(None),
-                Header::Bulk(len) => Reply::Bulk(Some(self.read_bulk(len).await?)),
+            return Ok(match (header, split) {
+                (Header::Status(text), _) => Reply::Status(text),
+                (Header::Error(text), _) => Reply::Error(text),
+                (Header::Integer(value), _) => Reply::Integer(value),
+                (Header::Nil, None) => Reply::Bulk(None),
+                (Header::Nil, Some(_)) => Reply::Split(None),
+                (Header::Bulk(len), None) => Reply::Bulk(Some(self.read_bulk(len, 0).await?.1)),
+                (Header::Bulk(len), Some(head_len)) => Reply::Split(Some(self.read_bulk(len, head_len).await?)),
             });
         }
     }
 
-    /// The `len` bytes of a bulk string and its CRLF: what is buffered, then the rest read directly.
-    async fn read_bulk(&mut self, len: usize) -> Result<Vec<u8>, ClientError> {
-        let total = len + 2;
-        let mut body = Vec::with_capacity(total);
-        let buffered = total.min(self.end - self.start);
-        body.extend_from_slice(&self.buf[self.start..self.start + buffered]);
+    /// The `len` bytes of a bulk string (its first `head_len` bytes and the rest, each in its own allocation),
+    /// then its CRLF: what is buffered, then the rest read directly.
+    async fn read_bulk(&mut self, len: usize, head_len: usize) -> Result<(Vec<u8>, Vec<u8>), ClientError> {
+        let head_len = head_len.min(len);
+        let mut head = Vec::with_capacity(head_len);
+        self.read_into(&mut head, head_len).await?;
+        let rest = len - head_len;
+        let mut body = Vec::with_capacity(rest + 2);
+        self.read_into(&mut body, rest + 2).await?;
+        if body[rest..] != *b"\r\n" {
+            return Err(RespError::Malformed("bulk string does not end with CRLF".into()).into());
+        }
+        body.truncate(rest);
+        Ok((head, body))
+    }
+
+    /// Appends exactly `count` bytes to `out`: what is buffered, then straight from the socket.
+    async fn read_into(&mut self, out: &mut Vec<u8>, count: usize) -> Result<(), ClientError> {
+        let buffered = count.min(self.end - self.start);
+        out.extend_from_slice(&self.buf[self.start..self.start + buffered]);
         self.start += buffered;
-        while body.len() < total {
-            let missing = (total - body.len()) as u64;
-            if (&mut self.stream).take(missing).read_buf(&mut body).await? == 0 {
+        let target = out.len() + (count - buffered);
+        while out.len() < target {
+            let missing = (target - out.len()) as u64;
+            if (&mut self.stream).take(missing).read_buf(out).await? == 0 {
                 return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
             }
         }
-        if body[len..] != *b"\r\n" {
-            return Err(RespError::Malformed("bulk string does not end with CRLF".into()).into());
-        }
-        body.truncate(len);
-        Ok(body)
+        Ok(())
     }
 
     /// Reads more bytes into the buffer, first moving unparsed bytes to its front.
