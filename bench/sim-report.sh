@@ -44,18 +44,21 @@ if want trace-32; then
 fi
 for workload in chat agent rag fewshot timestamp-top; do
   if want workloads; then
-    run "$workload-8" --workload "$workload" --replicas 8 --policy all --sessions 400 --rate 6
+    run "$workload-8" --workload "$workload" --replicas 8 --policy all --sessions 3000 --rate 200
   fi
   if want workloads-32; then
-    run "$workload-32" --workload "$workload" --replicas 32 --policy all --sessions 1600 --rate 24
+    run "$workload-32" --workload "$workload" --replicas 32 --policy all --sessions 12000 --rate 800
   fi
 done
 if want shared-prefix; then
-  run shared-prefix --workload shared-prefix --replicas 8 --policy all --requests 3000 --rate 4
+  # llm-d's experiment: 150 groups x 6,000-token system prompts, 5 users x 1,200-token questions, 1,000 output
+  # tokens; 40 GB pools put its 236 GB of distinct prefixes at 74% of the cluster's KV.
+  run shared-prefix --workload shared-prefix --replicas 8 --policy all --requests 4500 --rate 16 \
+    --kv-pool-bytes 40000000000
 fi
 if want scale; then
   for replicas in 8 32 128; do
     run "scale-$replicas" --workload chat --replicas "$replicas" --policy cache_aware,round_robin,least_loaded \
-      --sessions $((50 * replicas)) --rate $((replicas * 3 / 4))
+      --sessions $((375 * replicas)) --rate $((25 * replicas))
   done
 fi

@@ -134,6 +134,19 @@ fn cache_aware_choices() {
             Some(0),
         ),
         (
+            "on a nearly full pool a miss evicts cache that later requests would hit: the holder wins despite a longer queue",
+            vec![
+                State { gpu: 125, queued_tokens: 2_500, kv_usage: 0.85, ..replica(0) },
+                State { kv_usage: 0.85, ..replica(1) },
+            ],
+            Some(0),
+        ),
+        (
+            "on mostly free pools the same miss is cheap: the idle replica wins",
+            vec![State { gpu: 125, queued_tokens: 2_500, ..replica(0) }, replica(1)],
+            Some(1),
+        ),
+        (
             "a holder with a short queue still wins",
             vec![State { gpu: 125, queued_tokens: 500, ..replica(0) }, replica(1)],
             Some(0),

@@ -90,9 +90,10 @@ pub struct ScoringConfig {
     pub kv_penalty: f64,
     /// Floor of the prompt prefill time the penalty multiplies, seconds.
     pub kv_penalty_min_seconds: f64,
-    /// The work a request brings to a replica is paid again by the requests that queue there while it runs;
-    /// with a queue of `w` waiting requests (about as many as will come after it), the ranking score adds
-    /// `congestion_weight * w * (compute + reload time)`. 0 ranks by the request's own TTFT alone.
+    /// The work a request brings to a replica is paid again by others: by the requests that queue there
+    /// while it runs, and, on a full pool, by later requests whose cached blocks its new blocks evict. With
+    /// `w` waiting requests and a fraction `u` of the pool held by running requests, the ranking score adds
+    /// `congestion_weight * (w + u) * (compute + reload time)`. 0 ranks by the request's own TTFT alone.
     pub congestion_weight: f64,
     /// Scores within this fraction of the best are near-ties...
     pub near_tie_relative: f64,
@@ -196,8 +197,8 @@ pub struct Prediction {
     pub ttft_s: f64,
     /// Added to the ranking score above the KV watermark (0 below it).
     pub kv_penalty_s: f64,
-    /// Added to the ranking score: this request's work as the waiting requests pay it
-    /// ([`ScoringConfig::congestion_weight`]).
+    /// Added to the ranking score: this request's work as the waiting requests and the evicted cache pay
+    /// it ([`ScoringConfig::congestion_weight`]).
     pub congestion_s: f64,
 }
 
@@ -299,7 +300,8 @@ pub fn predict(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize, co
     } else {
         0.0
     };
-    let congestion_s = config.congestion_weight * f64::from(load.waiting_requests) * (compute_s + host_s + network_s);
+    let paid_again_by = f64::from(load.waiting_requests) + usage;
+    let congestion_s = config.congestion_weight * paid_again_by * (compute_s + host_s + network_s);
     Prediction {
         queue_wait_s,
         compute_s,
