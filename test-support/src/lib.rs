@@ -322,7 +322,17 @@ pub fn project_binary(package: &str, name: &str) -> PathBuf {
     let root = repo_root();
     if !*built {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
+        let mut command = Command::new(cargo);
+        // Cargo gives a test process its package's variables (CARGO_PKG_NAME, CARGO_MANIFEST_DIR, ...); some
+        // build scripts (ring's) rerun when those differ from the outer build's, which then recompiled ring and
+        // everything above it here. Build in the environment the outer `cargo test` had.
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy();
+            if set_by_cargo_for_tests(&key) {
+                command.env_remove(key.as_ref());
+            }
+        }
+        let status = command
             .current_dir(&root)
             .args(["test", "--workspace", "--no-run", "--quiet"])
             .stdout(Stdio::null())
@@ -335,6 +345,20 @@ pub fn project_binary(package: &str, name: &str) -> PathBuf {
     let path = target.join("debug").join(name);
     assert!(path.is_file(), "{} was not built (is {name} a binary of {package}?)", path.display());
     path
+}
+
+/// Whether cargo sets `key` for the test binaries it runs (and not for itself).
+fn set_by_cargo_for_tests(key: &str) -> bool {
+    const PREFIXES: &[&str] = &["CARGO_PKG_", "CARGO_BIN_EXE_", "CARGO_MANIFEST_"];
+    const NAMES: &[&str] = &[
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "OUT_DIR",
+    ];
+    PREFIXES.iter().any(|prefix| key.starts_with(prefix)) || NAMES.contains(&key)
 }
 
 /// A minimal HTTP/1.1 response.
