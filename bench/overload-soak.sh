@@ -34,26 +34,16 @@ if [ "$build" = 1 ]; then
   cargo build -j"${KVROUTE_BUILD_JOBS:-2}" --release --quiet -p kvroute-gateway -p kvroute-node-agent -p kvroute-bench
 fi
 
-cluster=""
+source bench/cluster.sh
 sampler=""
 stop_all() {
   [ -n "$sampler" ] && kill "$sampler" 2>/dev/null || true
-  if [ -n "$cluster" ]; then
-    kill -TERM "$cluster" 2>/dev/null || true
-    wait "$cluster" 2>/dev/null || true
-  fi
+  stop_cluster
 }
 trap stop_all EXIT INT TERM
 
-deploy/local/up.sh --agents "$agents" --model "$model" --kv-cache-bytes "$kv_cache_bytes" \
-  --http-port "$http_port" --grpc-port 18151 --no-build >"$out/cluster.log" 2>&1 &
-cluster=$!
-for _ in $(seq 1 240); do
-  curl -fsS "http://127.0.0.1:$http_port/ready" >/dev/null 2>&1 && break
-  kill -0 "$cluster" 2>/dev/null || { echo "the cluster did not start; see $out/cluster.log" >&2; exit 1; }
-  sleep 0.5
-done
-curl -fsS "http://127.0.0.1:$http_port/ready" >/dev/null || { echo "the cluster is not ready" >&2; exit 1; }
+start_cluster "$http_port" 18151 "$out/cluster.log" --agents "$agents" --model "$model" \
+  --kv-cache-bytes "$kv_cache_bytes"
 gateway_pid=$(pgrep -f "target/release/gateway --http-addr 127.0.0.1:$http_port" | head -n 1)
 
 load=(target/release/kvroute-load --url "http://127.0.0.1:$http_port" --workload rag --turns 1 --max-tokens 32 --json)

@@ -32,28 +32,14 @@ out=.run/matrix
 mkdir -p "$out"
 cargo build -j"${KVROUTE_BUILD_JOBS:-2}" --release --quiet -p kvroute-gateway -p kvroute-node-agent -p kvroute-bench
 
-cluster=""
-stop_cluster() {
-  if [ -n "$cluster" ]; then
-    kill -TERM "$cluster" 2>/dev/null || true
-    wait "$cluster" 2>/dev/null || true
-    cluster=""
-  fi
-}
+source bench/cluster.sh
 trap stop_cluster EXIT INT TERM
 
 for workload in $workloads; do
   for policy in $policies; do
     echo "== $workload under $policy" >&2
-    deploy/local/up.sh --agents "$agents" --model "$model" --policy "$policy" --kv-cache-bytes "$kv_cache_bytes" \
-      --http-port "$http_port" --grpc-port 18051 --no-build >"$out/$policy-$workload.cluster.log" 2>&1 &
-    cluster=$!
-    for _ in $(seq 1 240); do
-      curl -fsS "http://127.0.0.1:$http_port/ready" >/dev/null 2>&1 && break
-      kill -0 "$cluster" 2>/dev/null || { echo "the cluster did not start; see $out/$policy-$workload.cluster.log" >&2; exit 1; }
-      sleep 0.5
-    done
-    curl -fsS "http://127.0.0.1:$http_port/ready" >/dev/null || { echo "the cluster is not ready" >&2; exit 1; }
+    start_cluster "$http_port" 18051 "$out/$policy-$workload.cluster.log" --agents "$agents" --model "$model" \
+      --policy "$policy" --kv-cache-bytes "$kv_cache_bytes"
     target/release/kvroute-load --url "http://127.0.0.1:$http_port" --workload "$workload" --json "${load_args[@]}" \
       >"$out/$policy-$workload.json" 2>/dev/null
     curl -fsS "http://127.0.0.1:$http_port/metrics" >"$out/$policy-$workload.gateway.metrics"

@@ -36,25 +36,11 @@ workload_args=(--workload "$workload" --sessions "$sessions" --turns "$turns" --
   --max-tokens "$max_tokens" --seed 1)
 
 http_port=18080
-cluster=""
-stop_cluster() {
-  if [ -n "$cluster" ]; then
-    kill -TERM "$cluster" 2>/dev/null || true
-    wait "$cluster" 2>/dev/null || true
-    cluster=""
-  fi
-}
+source bench/cluster.sh
 trap stop_cluster EXIT INT TERM
 
 echo "== the real engine: one agent, tiny-random" >&2
-deploy/local/up.sh --agents 1 --model tiny-random --http-port "$http_port" --grpc-port 18051 --no-build \
-  >"$out/cluster.log" 2>&1 &
-cluster=$!
-for _ in $(seq 1 240); do
-  curl -fsS "http://127.0.0.1:$http_port/ready" >/dev/null 2>&1 && break
-  kill -0 "$cluster" 2>/dev/null || { echo "the cluster did not start; see $out/cluster.log" >&2; exit 1; }
-  sleep 0.5
-done
+start_cluster "$http_port" 18051 "$out/cluster.log" --agents 1 --model tiny-random
 target/release/kvroute-load --url "http://127.0.0.1:$http_port" "${workload_args[@]}" --duration-secs 600 --json \
   >"$out/measured.json" 2>/dev/null
 # The agent's own view: decode step times and its measured prefill rate (deploy/local/up.sh's metrics port).

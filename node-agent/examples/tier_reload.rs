@@ -23,9 +23,9 @@ use kvroute_node_agent::tiers::host::HostTier;
 use kvroute_node_agent::tiers::network::{NetworkConfig, NetworkTier};
 use kvroute_node_agent::tiers::resp::Op;
 use kvroute_node_agent::tiers::resp_client::RespPool;
-use kvroute_proto::BlockHasher;
 use kvroute_proto::block_record::{self, ModelFingerprint};
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, KvDtype, KvEvent, SamplingParams, Tier};
+use kvroute_proto::{BlockHash, BlockHasher};
 use kvroute_test_support::RedisServer;
 
 const BLOCK_SIZE: usize = 16;
@@ -214,12 +214,8 @@ async fn throughput(spec: &str, redis: &RedisServer) -> Result<(), Box<dyn std::
     let mut writes = Rates::default();
     for round in 0..=ROUNDS {
         redis::cmd("FLUSHALL").exec(&mut flush)?;
-        let before = stored.load(Ordering::Relaxed);
         let start = Instant::now();
-        for (hash, payload) in hashes.iter().zip(&payloads) {
-            assert!(network.spill(*hash, payload.clone()), "the write queue holds every block");
-        }
-        wait_stored(&stored, before + count).await;
+        spill_all(&network, &stored, &hashes, &payloads).await;
         let tier = megabytes / start.elapsed().as_secs_f64();
         let start = Instant::now();
         write_with_client(&pool, &keys, &records).await?;
@@ -230,11 +226,7 @@ async fn throughput(spec: &str, redis: &RedisServer) -> Result<(), Box<dyn std::
     writes.print("writes (tier: records built and checksummed; client: pipelines of 64 SETs)");
 
     redis::cmd("FLUSHALL").exec(&mut flush)?;
-    let before = stored.load(Ordering::Relaxed);
-    for (hash, payload) in hashes.iter().zip(&payloads) {
-        assert!(network.spill(*hash, payload.clone()), "the write queue holds every block");
-    }
-    wait_stored(&stored, before + count).await;
+    spill_all(&network, &stored, &hashes, &payloads).await;
     write_with_client(&pool, &keys, &records).await?;
     let mut reads = Rates::default();
     for round in 0..=ROUNDS {
@@ -267,6 +259,15 @@ fn redis_benchmark(port: &str, test: &str, keyspace: usize, requests: usize, val
         let fields: Vec<&str> = line.split(',').map(|f| f.trim_matches('"')).collect();
         fields.get(1).and_then(|f| f.parse::<f64>().ok()).map(|rps| rps * value_len as f64 / 1e6)
     })
+}
+
+/// Spills every block through the tier and waits until the tier reports them all stored.
+async fn spill_all(network: &NetworkTier, stored: &AtomicUsize, hashes: &[BlockHash], payloads: &[Arc<Vec<u8>>]) {
+    let before = stored.load(Ordering::Relaxed);
+    for (hash, payload) in hashes.iter().zip(payloads) {
+        assert!(network.spill(*hash, payload.clone()), "the write queue holds every block");
+    }
+    wait_stored(stored, before + hashes.len()).await;
 }
 
 /// SETs every record under its key, in pipelines of 64.

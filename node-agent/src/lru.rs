@@ -7,9 +7,9 @@ const NIL: u32 = u32::MAX;
 
 #[derive(Debug, Clone, Default)]
 pub struct LruOrder {
+    /// Links of each id; both `NIL` for an id outside the order.
     prev: Vec<u32>,
     next: Vec<u32>,
-    linked: Vec<bool>,
     /// Least recent.
     head: u32,
     /// Most recent.
@@ -28,10 +28,9 @@ impl LruOrder {
     /// Makes room for ids up to `ids - 1` (never shrinks).
     pub fn grow(&mut self, ids: usize) {
         let ids = ids.min(NIL as usize);
-        if ids > self.linked.len() {
+        if ids > self.prev.len() {
             self.prev.resize(ids, NIL);
             self.next.resize(ids, NIL);
-            self.linked.resize(ids, false);
         }
     }
 
@@ -44,12 +43,12 @@ impl LruOrder {
     }
 
     pub fn contains(&self, id: u32) -> bool {
-        self.linked.get(id as usize).copied().unwrap_or(false)
+        self.prev.get(id as usize).is_some_and(|&prev| prev != NIL || self.head == id)
     }
 
     /// Makes `id` the most recent (moving it if it is in the order already).
     pub fn push_back(&mut self, id: u32) {
-        if (id as usize) >= self.linked.len() {
+        if (id as usize) >= self.prev.len() {
             self.grow(id as usize + 1);
         }
         self.remove(id);
@@ -61,7 +60,6 @@ impl LruOrder {
             tail => self.next[tail as usize] = id,
         }
         self.tail = id;
-        self.linked[i] = true;
         self.len += 1;
     }
 
@@ -80,7 +78,8 @@ impl LruOrder {
             NIL => self.tail = prev,
             next => self.prev[next as usize] = prev,
         }
-        self.linked[i] = false;
+        self.prev[i] = NIL;
+        self.next[i] = NIL;
         self.len -= 1;
         true
     }
@@ -98,7 +97,6 @@ impl LruOrder {
     pub fn clear(&mut self) {
         self.prev.fill(NIL);
         self.next.fill(NIL);
-        self.linked.fill(false);
         self.head = NIL;
         self.tail = NIL;
         self.len = 0;
