@@ -39,7 +39,7 @@ impl AgentService {
         }
         let hasher = BlockHasher::new(self.info.block_size, &self.info.model_id, &request.cache_scope);
         let hashes = hasher.hashes(&request.prompt);
-        let Ok(probe) = self.engine.probe(hashes.clone()).await else { return Prefetched::default() };
+        let probe = self.engine.probe(&hashes);
         let first = probe.resident_blocks;
         if first >= hashes.len()
             || !reload_beats_recompute(network.read_bandwidth(), probe.bytes_per_token, probe.prefill_tokens_per_second)

@@ -11,6 +11,7 @@
 pub mod executor;
 pub mod model_executor;
 pub mod request;
+pub mod resident;
 pub mod thread;
 pub mod tiering;
 
@@ -485,8 +486,12 @@ impl<E: Executor> Engine<E> {
             self.executor.execute(&specs)
         };
         let elapsed = self.executor.modelled_seconds().unwrap_or_else(|| started.elapsed().as_secs_f64());
+        // Token-context products of the step (its attention work), for the step log below.
+        let attended: f64 =
+            chunks.iter().map(|&(_, start, end, _)| (end - start) as f64 * (start + end) as f64 / 2.0).sum();
         let mut prefill = 0;
         let mut decode = 0;
+        let mut sampled = 0;
         let mut finished = Vec::new();
         for ((id, start, end, _), logits) in chunks.into_iter().zip(logits) {
             let Some(seq) = self.running.iter_mut().find(|s| s.id == id) else { continue };
@@ -498,6 +503,7 @@ impl<E: Executor> Engine<E> {
             seq.computed = end;
             self.blocks.register_computed(id, &seq.tokens[..end]);
             let Some(logits) = logits else { continue };
+            sampled += 1;
             let token = seq.sampler.sample(&logits);
             seq.tokens.push(token);
             self.stats.generated_tokens_total += 1;
@@ -535,6 +541,16 @@ impl<E: Executor> Engine<E> {
                 report.finished += 1;
             }
         }
+        // What each step cost by shape: what a simulator cost profile of this machine is fitted to
+        // (bench/sim-check.sh reads these lines).
+        tracing::debug!(
+            target: "kvroute_node_agent::step",
+            tokens = prefill + decode,
+            sampled,
+            attended,
+            forward_seconds = elapsed,
+            step_seconds = started.elapsed().as_secs_f64(),
+        );
         self.update_rates(prefill, decode, elapsed);
         report.prefill_tokens = prefill;
         report.decode_tokens = decode;

@@ -3,7 +3,8 @@
 //! The thread owns the engine; callers talk to it through [`EngineHandle`]
 //! (commands over a channel). It steps while there is work, publishes the
 //! block manager's events to every subscriber right after each step, and a
-//! heartbeat with load statistics every [`HEARTBEAT`].
+//! heartbeat with load statistics every [`HEARTBEAT`]. It keeps a [`ResidentView`]
+//! of the pool and host RAM that callers read without waiting for a step.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -15,6 +16,7 @@ use kvroute_proto::block_hash::BlockHash;
 use kvroute_proto::domain::{AgentGenerateRequest, KvEvent, KvEventBatch, LoadStats};
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 
+use super::resident::{Probe, ResidentView};
 use super::{Engine, EngineStats, Executor, GenerateError, OutputSink, Prefetched};
 use crate::block_manager::EventSink;
 use crate::metrics;
@@ -56,10 +58,6 @@ enum Command {
         prefetched: Prefetched,
         reply: oneshot::Sender<Result<u64, GenerateError>>,
     },
-    Probe {
-        hashes: Vec<BlockHash>,
-        reply: oneshot::Sender<Probe>,
-    },
     Cancel(u64),
     Subscribe(tokio_mpsc::Sender<KvEventBatch>),
     Stats(oneshot::Sender<EngineStats>),
@@ -76,16 +74,6 @@ struct Subscriber {
     seq: u64,
 }
 
-/// How much of a chain the pool and host RAM hold, and the rates that decide
-/// whether fetching the rest from the network tier pays.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Probe {
-    /// Leading blocks present in the pool or host RAM.
-    pub resident_blocks: usize,
-    pub bytes_per_token: f64,
-    pub prefill_tokens_per_second: f64,
-}
-
 /// Identity stamped on every event batch.
 #[derive(Clone, Debug)]
 pub struct StreamIdentity {
@@ -100,6 +88,7 @@ pub struct EngineHandle {
     thread: Arc<Mutex<Option<JoinHandle<()>>>>,
     /// Set by the engine thread after every step while it would refuse new requests as overloaded.
     refusing: Arc<AtomicBool>,
+    resident: Arc<ResidentView>,
 }
 
 impl EngineHandle {
@@ -113,12 +102,10 @@ impl EngineHandle {
     ) -> EngineHandle {
         let (commands, receiver) = mpsc::channel();
         let refusing = Arc::new(AtomicBool::new(false));
-        let flag = refusing.clone();
-        let thread = std::thread::Builder::new()
-            .name("engine".into())
-            .spawn(move || EngineLoop::new(engine, sink, identity, network, flag).run(receiver))
-            .ok();
-        EngineHandle { commands, thread: Arc::new(Mutex::new(thread)), refusing }
+        let resident = Arc::new(ResidentView::default());
+        let engine_loop = EngineLoop::new(engine, sink, identity, network, refusing.clone(), resident.clone());
+        let thread = std::thread::Builder::new().name("engine".into()).spawn(move || engine_loop.run(receiver)).ok();
+        EngineHandle { commands, thread: Arc::new(Mutex::new(thread)), refusing, resident }
     }
 
     /// Whether the engine refuses new requests as overloaded (as of its last step): the server answers
@@ -140,11 +127,9 @@ impl EngineHandle {
         answer.await.map_err(|_| GenerateError::Unavailable("the engine stopped".into()))?
     }
 
-    /// How many leading blocks of a chain the pool and host RAM hold.
-    pub async fn probe(&self, hashes: Vec<BlockHash>) -> Result<Probe, GenerateError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::Probe { hashes, reply })?;
-        answer.await.map_err(|_| GenerateError::Unavailable("the engine stopped".into()))
+    /// How many leading blocks of a chain the pool and host RAM held at the engine's last step.
+    pub fn probe(&self, hashes: &[BlockHash]) -> Probe {
+        self.resident.probe(hashes)
     }
 
     pub fn cancel(&self, id: u64) {
@@ -193,6 +178,7 @@ struct EngineLoop<E: Executor> {
     next_heartbeat: Instant,
     network: Option<NetworkTier>,
     refusing: Arc<AtomicBool>,
+    resident: Arc<ResidentView>,
 }
 
 impl<E: Executor> EngineLoop<E> {
@@ -202,7 +188,9 @@ impl<E: Executor> EngineLoop<E> {
         identity: StreamIdentity,
         network: Option<NetworkTier>,
         refusing: Arc<AtomicBool>,
+        resident: Arc<ResidentView>,
     ) -> Self {
+        resident.apply(&engine.snapshot_events(), engine.bytes_per_token(), engine.stats().prefill_tokens_per_second);
         EngineLoop {
             engine,
             sink,
@@ -212,6 +200,7 @@ impl<E: Executor> EngineLoop<E> {
             next_heartbeat: Instant::now(),
             network,
             refusing,
+            resident,
         }
     }
 
@@ -248,6 +237,8 @@ impl<E: Executor> EngineLoop<E> {
             }
             self.refusing.store(self.engine.admission_refusal().is_some(), Ordering::Relaxed);
             let events = self.take_events();
+            let engine = &self.engine;
+            self.resident.apply(&events, engine.bytes_per_token(), engine.stats().prefill_tokens_per_second);
             if !events.is_empty() {
                 self.publish(events);
             }
@@ -277,13 +268,6 @@ impl<E: Executor> EngineLoop<E> {
                     metrics::record_rejection(error);
                 }
                 let _ = reply.send(result);
-            }
-            Command::Probe { hashes, reply } => {
-                let _ = reply.send(Probe {
-                    resident_blocks: self.engine.resident_blocks(&hashes),
-                    bytes_per_token: self.engine.bytes_per_token(),
-                    prefill_tokens_per_second: self.engine.stats().prefill_tokens_per_second,
-                });
             }
             Command::Cancel(id) => self.engine.cancel(id),
             Command::Subscribe(sender) => self.add_subscriber(sender),
