@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Checks the simulator's cost model against the real engine: runs a small workload on a one-agent local
-# cluster (tiny-random), then the same workload in kvroute-sim with the cpu-tiny-random profile and the
-# cluster's pool and tier sizes, and prints the two TTFT distributions side by side.
+# Checks the simulator's cost model against the real engine on a one-agent local cluster (tiny-random):
+#  1. calibration: runs the workload with another seed (other sessions) and the agent's step log on, and
+#     fits a CPU profile to those steps (bench/fit-step-profile.py: cpu-tiny-random with its compute
+#     efficiency, step overhead and per-sampled-sequence cost fitted);
+#  2. validation: runs the workload itself, then the same sessions in kvroute-sim with the fitted profile
+#     and with the built-in cpu-tiny-random (fitted to the model timed alone by the step_costs example),
+#     both with the cluster's pool and tier sizes, and prints the distributions side by side.
 # Reports land in .run/sim-check/.
 #
 #   bench/sim-check.sh [--workload chat] [--sessions 20] [--turns 4] [--rate 0.5] [--max-tokens 32]
@@ -32,14 +36,25 @@ cargo build -j"${KVROUTE_BUILD_JOBS:-2}" --release --quiet -p kvroute-gateway -p
 pool=$((48 << 20))
 host=$((96 << 20))
 network=$((512 << 20))
-workload_args=(--workload "$workload" --sessions "$sessions" --turns "$turns" --rate "$rate" --think-ms "$think_ms"
-  --max-tokens "$max_tokens" --seed 1)
+shape=(--workload "$workload" --sessions "$sessions" --turns "$turns" --rate "$rate" --think-ms "$think_ms"
+  --max-tokens "$max_tokens")
+workload_args=("${shape[@]}" --seed 1)
 
 http_port=18080
 source bench/cluster.sh
 trap stop_cluster EXIT INT TERM
 
-echo "== the real engine: one agent, tiny-random" >&2
+echo "== calibration: the same workload with other sessions, the agent's step log on" >&2
+RUST_LOG="info,kvroute_node_agent::step=debug" start_cluster "$http_port" 18051 "$out/calibration-cluster.log" \
+  --agents 1 --model tiny-random
+target/release/kvroute-load --url "http://127.0.0.1:$http_port" "${shape[@]}" --seed 2 --duration-secs 600 --json \
+  >"$out/calibration.json" 2>/dev/null
+stop_cluster
+cp .run/agent-0.log "$out/calibration-agent.log"
+bench/fit-step-profile.py "$out/calibration-agent.log" bench/profiles/cpu-tiny-random.profile >"$out/fitted.profile"
+head -1 "$out/fitted.profile" >&2
+
+echo "== validation: the real engine" >&2
 start_cluster "$http_port" 18051 "$out/cluster.log" --agents 1 --model tiny-random
 target/release/kvroute-load --url "http://127.0.0.1:$http_port" "${workload_args[@]}" --duration-secs 600 --json \
   >"$out/measured.json" 2>/dev/null
@@ -47,26 +62,33 @@ target/release/kvroute-load --url "http://127.0.0.1:$http_port" "${workload_args
 curl -fsS http://127.0.0.1:9101/metrics >"$out/agent.metrics" || true
 stop_cluster
 
-echo "== the simulator: one replica, cpu-tiny-random" >&2
-target/release/kvroute-sim "${workload_args[@]}" --replicas 1 --policy cache_aware --profile cpu-tiny-random \
-  --kv-pool-bytes "$pool" --host-bytes "$host" --network-bytes "$network" --json >"$out/simulated.json"
+echo "== validation: the simulator, one replica, fitted and built-in profiles" >&2
+for profile in fitted builtin; do
+  file="$out/fitted.profile"
+  [ "$profile" = builtin ] && file=cpu-tiny-random
+  target/release/kvroute-sim "${workload_args[@]}" --replicas 1 --policy cache_aware --profile "$file" \
+    --kv-pool-bytes "$pool" --host-bytes "$host" --network-bytes "$network" --json >"$out/simulated-$profile.json"
+done
 
-python3 - "$out/measured.json" "$out/simulated.json" <<'EOF'
+python3 - "$out/measured.json" "$out/simulated-fitted.json" "$out/simulated-builtin.json" <<'EOF'
 import json, sys
-measured, simulated = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))["results"][0]
+measured = json.load(open(sys.argv[1]))
+fitted, builtin = (json.load(open(path))["results"][0] for path in sys.argv[2:])
 rows = [
-    ("requests", measured["succeeded"], simulated["requests"]),
-    ("cached fraction", measured["cached_fraction"], simulated["hit_ratio"]),
-    ("TTFT mean ms", measured["ttft"]["mean_ms"], simulated["ttft_mean_s"] * 1e3),
-    ("TTFT p50 ms", measured["ttft"]["p50_ms"], simulated["ttft_p50_s"] * 1e3),
-    ("TTFT p90 ms", measured["ttft"]["p90_ms"], simulated["ttft_p90_s"] * 1e3),
-    ("TTFT p99 ms", measured["ttft"]["p99_ms"], simulated["ttft_p99_s"] * 1e3),
-    ("end to end p50 ms", measured["end_to_end"]["p50_ms"], simulated["e2e_p50_s"] * 1e3),
+    ("requests", measured["succeeded"], "requests", 1),
+    ("cached fraction", measured["cached_fraction"], "hit_ratio", 1),
+    ("TTFT mean ms", measured["ttft"]["mean_ms"], "ttft_mean_s", 1e3),
+    ("TTFT p50 ms", measured["ttft"]["p50_ms"], "ttft_p50_s", 1e3),
+    ("TTFT p90 ms", measured["ttft"]["p90_ms"], "ttft_p90_s", 1e3),
+    ("TTFT p99 ms", measured["ttft"]["p99_ms"], "ttft_p99_s", 1e3),
+    ("end to end p50 ms", measured["end_to_end"]["p50_ms"], "e2e_p50_s", 1e3),
 ]
-print("| measure | real engine | simulated | simulated / real |")
-print("|---|---|---|---|")
-for name, real, sim in rows:
-    ratio = f"{sim / real:.2f}" if real else "-"
+print("| measure | real engine | simulated, fitted profile | ratio | simulated, built-in profile | ratio |")
+print("|---|---|---|---|---|---|")
+for name, real, key, scale in rows:
     fmt = (lambda v: f"{v:.3f}") if name == "cached fraction" else (lambda v: f"{v:,.0f}")
-    print(f"| {name} | {fmt(real)} | {fmt(sim)} | {ratio} |")
+    cells = [fmt(real)]
+    for sim in (fitted[key] * scale, builtin[key] * scale):
+        cells += [fmt(sim), f"{sim / real:.2f}" if real else "-"]
+    print(f"| {name} | " + " | ".join(cells) + " |")
 EOF

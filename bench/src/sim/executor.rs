@@ -53,7 +53,8 @@ impl CostExecutor {
 
 impl Executor for CostExecutor {
     fn execute(&mut self, batch: &[ChunkSpec<'_>]) -> Vec<Option<Vec<f32>>> {
-        let compute = self.profile.step_seconds(batch.iter().map(|chunk| (chunk.tokens.len(), chunk.start_pos)));
+        let chunks = batch.iter().map(|chunk| (chunk.tokens.len(), chunk.start_pos, chunk.want_logits));
+        let compute = self.profile.step_seconds(chunks);
         self.last_seconds = compute + std::mem::take(&mut self.pending_copy_seconds);
         // One logit: greedy sampling picks token 0, a valid id that is not end-of-sequence here.
         batch.iter().map(|chunk| chunk.want_logits.then(|| vec![0.0])).collect()

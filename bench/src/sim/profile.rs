@@ -23,6 +23,10 @@ pub struct CostProfile {
     pub attention_width: f64,
     /// Bytes every step reads once.
     pub weight_bytes: f64,
+    /// Optional (0 when absent): seconds each sequence that samples a token adds to a step beyond the
+    /// roofline. On a CPU its row of the LM head and the sampling over the vocabulary cost milliseconds; on
+    /// a GPU both hide inside the step and the profiles leave this out.
+    pub sample_seconds: f64,
     pub kv_bytes_per_token: f64,
     /// KV pool of one replica.
     pub kv_pool_bytes: f64,
@@ -95,6 +99,7 @@ impl CostProfile {
             })?;
             numbers.insert(key.to_string(), number);
         }
+        let sample_seconds = numbers.remove("sample_seconds").unwrap_or(0.0);
         let mut take = |key: &'static str| numbers.remove(key).ok_or(ProfileError::Missing(key));
         let positive =
             |key: &'static str, value: f64| if value > 0.0 { Ok(value) } else { Err(ProfileError::NotPositive(key)) };
@@ -106,6 +111,7 @@ impl CostProfile {
             layers: positive("layers", take("layers")?)?,
             attention_width: positive("attention_width", take("attention_width")?)?,
             weight_bytes: take("weight_bytes")?,
+            sample_seconds,
             kv_bytes_per_token: positive("kv_bytes_per_token", take("kv_bytes_per_token")?)?,
             kv_pool_bytes: positive("kv_pool_bytes", take("kv_pool_bytes")?)?,
             peak_flops: positive("peak_flops", take("peak_flops")?)?,
@@ -144,16 +150,18 @@ impl CostProfile {
         self.peak_flops * self.compute_efficiency / (2.0 * self.params)
     }
 
-    /// Seconds of one step: `prefill` chunks as (new tokens, context before them) and decodes as their
-    /// context lengths. The larger of compute time and memory time, plus the overhead.
-    pub fn step_seconds(&self, chunks: impl Iterator<Item = (usize, usize)>) -> f64 {
-        let (mut flops, mut kv_read_tokens, mut any) = (0.0, 0.0, false);
-        for (new_tokens, context) in chunks {
+    /// Seconds of one step whose chunks are (new tokens, context before them, whether the chunk samples a
+    /// token): prefill chunks and decodes alike. The larger of compute time and memory time, plus each
+    /// sampled sequence's cost, plus the overhead.
+    pub fn step_seconds(&self, chunks: impl Iterator<Item = (usize, usize, bool)>) -> f64 {
+        let (mut flops, mut kv_read_tokens, mut sampled, mut any) = (0.0, 0.0, 0.0, false);
+        for (new_tokens, context, samples) in chunks {
             any = true;
             let new = new_tokens as f64;
             let mean_context = context as f64 + new / 2.0;
             flops += 2.0 * self.params * new + 4.0 * self.layers * self.attention_width * new * mean_context;
             kv_read_tokens += (context + new_tokens) as f64;
+            sampled += f64::from(u8::from(samples));
         }
         if !any {
             return 0.0;
@@ -161,7 +169,7 @@ impl CostProfile {
         let compute = flops / (self.peak_flops * self.compute_efficiency);
         let bytes = self.weight_bytes + kv_read_tokens * self.kv_bytes_per_token;
         let memory = bytes / (self.memory_bandwidth * self.memory_efficiency);
-        self.step_overhead_seconds + compute.max(memory)
+        self.step_overhead_seconds + compute.max(memory) + self.sample_seconds * sampled
     }
 }
 
@@ -189,13 +197,30 @@ mod tests {
         let rate = profile.prefill_tokens_per_second();
         assert!((30_000.0..32_000.0).contains(&rate), "{rate}");
         // A decode step of one short sequence is memory bound: weights over 70% of the bandwidth, plus overhead.
-        let decode = profile.step_seconds([(1, 100)].into_iter());
+        let decode = profile.step_seconds([(1, 100, true)].into_iter());
         let expected = 0.002 + (16.06e9 + 101.0 * 131072.0) / (3.35e12 * 0.7);
         assert!((decode - expected).abs() < 1e-9, "{decode} vs {expected}");
         // A long prefill chunk is compute bound, and attention makes later chunks dearer.
-        let early = profile.step_seconds([(8192, 0)].into_iter());
-        let late = profile.step_seconds([(8192, 16384)].into_iter());
+        let early = profile.step_seconds([(8192, 0, false)].into_iter());
+        let late = profile.step_seconds([(8192, 16384, true)].into_iter());
         assert!(early > decode * 5.0 && late > early, "{early} {late}");
+    }
+
+    #[test]
+    fn each_sampling_sequence_adds_the_profiles_per_sample_cost() {
+        let cpu = CostProfile::load("cpu-tiny-random").unwrap_or_else(|error| panic!("{error}"));
+        assert!(cpu.sample_seconds > 0.0);
+        let one = cpu.step_seconds([(1, 400, true)].into_iter());
+        let three = cpu.step_seconds([(1, 400, true), (1, 400, true), (1, 400, true)].into_iter());
+        // Three decodes are still memory bound in the body: the difference is two sequences' sampling.
+        assert!((three - one - 2.0 * cpu.sample_seconds).abs() < 1e-4, "{one} {three}");
+        // A chunk that does not end its prompt samples nothing.
+        let middle = cpu.step_seconds([(32, 0, false)].into_iter());
+        let last = cpu.step_seconds([(32, 0, true)].into_iter());
+        assert!((last - middle - cpu.sample_seconds).abs() < 1e-12);
+        // The GPU profiles leave it out.
+        let gpu = CostProfile::load("h100-llama3-8b").unwrap_or_else(|error| panic!("{error}"));
+        assert_eq!(gpu.sample_seconds, 0.0);
     }
 
     #[test]
