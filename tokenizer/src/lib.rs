@@ -13,6 +13,7 @@
 //! documentation states what it accepts; anything else is a
 //! [`TokenizerError`] naming what is unsupported.
 
+mod ascii_pieces;
 mod bpe;
 mod builtin;
 mod bytelevel;

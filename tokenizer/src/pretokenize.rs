@@ -8,6 +8,9 @@
 //! alternative that is at least two characters long and followed by a
 //! non-whitespace character is shortened by one character. This gives the
 //! same pieces as the reference pattern; a property test compares the two.
+//! Pieces of ASCII text come from hand-written scanners instead
+//! ([`crate::ascii_pieces`]), which hand back to the regex where a non-ASCII
+//! character decides the piece.
 
 use std::sync::OnceLock;
 
@@ -40,28 +43,30 @@ pub(crate) enum PreTokenizer {
 
 struct Compiled {
     regex: Regex,
+    /// The pattern's piece at a position of ASCII text, when ASCII decides it.
+    ascii: fn(&[u8], usize) -> Option<usize>,
     /// Whether the pattern has a `\s*[\r\n]+` alternative before the final
     /// `\s+`: then whitespace matches containing a line break came from it and
     /// are not shortened.
     newline_alternative: bool,
 }
 
-fn compile(pattern: &str, newline_alternative: bool) -> Compiled {
+fn compile(pattern: &str, newline_alternative: bool, ascii: fn(&[u8], usize) -> Option<usize>) -> Compiled {
     let fast = pattern.replacen(LOOKAHEAD_ALTERNATIVE, "", 1);
     // The patterns are constants; a unit test compiles each one.
     #[allow(clippy::expect_used)]
     let regex = Regex::new(&fast).expect("built-in pre-tokenizer pattern compiles");
-    Compiled { regex, newline_alternative }
+    Compiled { regex, ascii, newline_alternative }
 }
 
 fn cl100k() -> &'static Compiled {
     static CELL: OnceLock<Compiled> = OnceLock::new();
-    CELL.get_or_init(|| compile(CL100K_PATTERN, true))
+    CELL.get_or_init(|| compile(CL100K_PATTERN, true, crate::ascii_pieces::cl100k))
 }
 
 fn gpt2() -> &'static Compiled {
     static CELL: OnceLock<Compiled> = OnceLock::new();
-    CELL.get_or_init(|| compile(GPT2_PATTERN, false))
+    CELL.get_or_init(|| compile(GPT2_PATTERN, false, crate::ascii_pieces::gpt2))
 }
 
 impl PreTokenizer {
@@ -108,6 +113,14 @@ fn split_digits_then<'t>(compiled: &Compiled, text: &'t str, piece: &mut impl Fn
 fn split_with<'t>(compiled: &Compiled, text: &'t str, piece: &mut impl FnMut(&'t str)) {
     let mut pos = 0;
     while pos < text.len() {
+        if let Some(end) = (compiled.ascii)(text.as_bytes(), pos)
+            && end > pos
+            && text.is_char_boundary(end)
+        {
+            piece(&text[pos..end]);
+            pos = end;
+            continue;
+        }
         // The fast patterns have no lookaround, so the engine cannot fail;
         // treat a failure like "no match" and keep the rest as one piece.
         let found = compiled.regex.find_from_pos(text, pos).ok().flatten();
@@ -217,6 +230,42 @@ mod tests {
             any::<char>().prop_map(|c| c.to_string()),
         ];
         proptest::collection::vec(atoms, 0..24).prop_map(|parts| parts.concat())
+    }
+
+    /// Mostly ASCII, so the hand-written scanners decide most pieces, with a non-ASCII character now and
+    /// then where it changes the piece before it (a letter, a digit, a space, a symbol, `ſ` after `'`).
+    fn ascii_strategy() -> impl Strategy<Value = String> {
+        let atoms = prop_oneof![
+            8 => (0u8..128).prop_map(|b| char::from(b).to_string()),
+            2 => Just(" ".to_string()),
+            1 => Just("   ".to_string()),
+            1 => Just("\r\n".to_string()),
+            1 => Just("'".to_string()),
+            1 => prop::sample::select(vec!["s", "S", "t", "re", "rE", "Ve", "m", "ll", "lL", "d", "D", "r", "l", "v"])
+                .prop_map(|c| format!("'{c}")),
+            2 => "[a-zA-Z]{1,6}",
+            1 => "[0-9]{1,7}",
+            1 => prop::sample::select(vec!["é", "٣", "\u{a0}", "€", "ſ", "\u{2028}"]).prop_map(str::to_string),
+        ];
+        proptest::collection::vec(atoms, 0..32).prop_map(|parts| parts.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+        #[test]
+        fn cl100k_ascii_scanner_matches_reference(text in ascii_strategy()) {
+            prop_assert_eq!(fast(PreTokenizer::Cl100k, &text), reference(CL100K_PATTERN, &text));
+        }
+
+        #[test]
+        fn gpt2_ascii_scanner_matches_reference(text in ascii_strategy()) {
+            prop_assert_eq!(fast(PreTokenizer::Gpt2, &text), reference(GPT2_PATTERN, &text));
+        }
+
+        #[test]
+        fn digits_ascii_scanner_matches_reference(text in ascii_strategy()) {
+            prop_assert_eq!(fast(PreTokenizer::DigitsThenGpt2, &text), reference_digits(&text));
+        }
     }
 
     proptest! {
