@@ -79,13 +79,19 @@ else
   echo "== redis-server is not installed: the shared network tier is off"
 fi
 
+# Each agent computes on its share of the cores: agents that each spread over every core slow one another
+# down (a product split over two threads waits for the slower half).
+cores=$(nproc 2>/dev/null || echo 1)
+compute_threads=$((cores / agents))
+[ "$compute_threads" -ge 1 ] || compute_threads=1
 agent_list=()
 for i in $(seq 0 $((agents - 1))); do
   port=$((agent_base_port + i))
   mport=$((metrics_base_port + i))
   # Small pools so eviction and tiering show within minutes of traffic.
   target/release/node-agent --model "$model" --agent-id "agent-$i" --listen "127.0.0.1:$port" \
-    --metrics-addr "127.0.0.1:$mport" --kv-cache-bytes "$kv_cache_bytes" --host-cache-bytes 96MiB "${redis_args[@]}" \
+    --compute-threads "$compute_threads" --metrics-addr "127.0.0.1:$mport" --kv-cache-bytes "$kv_cache_bytes" \
+    --host-cache-bytes 96MiB "${redis_args[@]}" \
     >"$run_dir/agent-$i.log" 2>&1 &
   pids+=($!)
   agent_list+=("127.0.0.1:$port")

@@ -36,6 +36,10 @@ pub struct ServeArgs {
     /// `tiny-random` or a path to a llama-architecture GGUF file.
     #[arg(long, default_value = "tiny-random")]
     pub model: String,
+    /// Threads the model's products run on (default: every core this process may use). Several agents
+    /// sharing a machine each want their share, not all of it.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub compute_threads: Option<u32>,
     /// Name of this agent in events and logs (default: agent-<port>).
     #[arg(long)]
     pub agent_id: Option<String>,

@@ -41,7 +41,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let grpc_tls = grpc_tls(&args)?;
-    let model = Model::load(&args.model).with_context(|| format!("loading model {:?}", args.model))?;
+    let mut model = Model::load(&args.model).with_context(|| format!("loading model {:?}", args.model))?;
+    if let Some(threads) = args.compute_threads {
+        model.set_threads(threads as usize);
+    }
+    let compute_threads = model.threads();
     let config = model.config().clone();
     let geometry = config.kv_geometry(args.kv_dtype);
     let block_size = args.block_size as usize;
@@ -111,6 +115,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         num_blocks,
         kv_dtype = %args.kv_dtype,
         block_size,
+        compute_threads,
         "node-agent serving"
     );
     let reflection = tonic_reflection::server::Builder::configure()

@@ -180,6 +180,11 @@ fn check_config_and_capacity_commands() {
     let bad = Command::new(binary).args(["--kv-dtype", "int3", "--check-config"]).output().unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("int3"));
+    let threads = Command::new(binary).args(["--compute-threads", "1", "--check-config"]).output().unwrap();
+    assert!(threads.status.success(), "{}", String::from_utf8_lossy(&threads.stderr));
+    let no_threads = Command::new(binary).args(["--compute-threads", "0", "--check-config"]).output().unwrap();
+    assert!(!no_threads.status.success());
+    assert!(String::from_utf8_lossy(&no_threads.stderr).contains("compute-threads"));
     let capacity = Command::new(binary)
         .args(["capacity", "--layers", "32", "--kv-heads", "32", "--head-dim", "128", "--memory", "53GiB"])
         .args(["--reserved-tokens", "8192", "--used-tokens", "2270"])
