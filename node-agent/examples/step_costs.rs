@@ -24,7 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let context: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(400);
     let model = Model::load(&spec)?;
     println!("model {} ({} threads), context {context} tokens before each chunk", model.model_id(), model.threads());
-    let bench = Bench::new(&model, context, 8);
+    let mut bench = Bench::new(&model, context, 8);
 
     println!("\nprefill chunk of n new tokens, one sequence:");
     println!("{:>6} {:>14} {:>14} {:>12}", "n", "with head ms", "no head ms", "head ms");
@@ -62,7 +62,7 @@ struct Bench<'a> {
     context: usize,
     tokens: Vec<u32>,
     tables: Vec<Vec<u32>>,
-    kv: std::cell::RefCell<KvStore>,
+    kv: KvStore,
 }
 
 impl<'a> Bench<'a> {
@@ -78,12 +78,11 @@ impl<'a> Bench<'a> {
             let chunk = SeqChunk { tokens: &tokens[..context], start_pos: 0, block_table: table, want_logits: false };
             model.forward(&mut kv, &[chunk]);
         }
-        Bench { model, context, tokens, tables, kv: std::cell::RefCell::new(kv) }
+        Bench { model, context, tokens, tables, kv }
     }
 
     /// Median seconds of one forward pass with a chunk of `lengths[i]` new tokens for sequence `i`.
-    fn median(&self, lengths: &[usize], want_logits: bool) -> f64 {
-        let mut kv = self.kv.borrow_mut();
+    fn median(&mut self, lengths: &[usize], want_logits: bool) -> f64 {
         let batch: Vec<SeqChunk<'_>> = lengths
             .iter()
             .zip(&self.tables)
@@ -94,11 +93,11 @@ impl<'a> Bench<'a> {
                 want_logits,
             })
             .collect();
-        black_box(self.model.forward(&mut kv, &batch));
+        black_box(self.model.forward(&mut self.kv, &batch));
         let mut times: Vec<f64> = (0..REPEATS)
             .map(|_| {
                 let start = Instant::now();
-                black_box(self.model.forward(&mut kv, &batch));
+                black_box(self.model.forward(&mut self.kv, &batch));
                 start.elapsed().as_secs_f64()
             })
             .collect();
@@ -107,13 +106,13 @@ impl<'a> Bench<'a> {
     }
 
     /// The logits of one decode step of the first sequence.
-    fn logits(&self) -> Vec<f32> {
+    fn logits(&mut self) -> Vec<f32> {
         let chunk = SeqChunk {
             tokens: &self.tokens[self.context..=self.context],
             start_pos: self.context,
             block_table: &self.tables[0],
             want_logits: true,
         };
-        self.model.forward(&mut self.kv.borrow_mut(), &[chunk]).remove(0).unwrap_or_default()
+        self.model.forward(&mut self.kv, &[chunk]).remove(0).unwrap_or_default()
     }
 }

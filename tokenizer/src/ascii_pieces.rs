@@ -55,8 +55,12 @@ fn is_whitespace(c: Class) -> bool {
     matches!(c, Class::Space | Class::Newline)
 }
 
-/// `'s|'t|'re|'ve|'m|'ll|'d` after the apostrophe at `at`: the match length, `Some(0)` for none.
-fn contraction(bytes: &[u8], at: usize, ignore_case: bool) -> Option<usize> {
+/// `'s|'t|'re|'ve|'m|'ll|'d` at `at`: `Some(Some(end))` for a match, `Some(None)` for none, `None` when a
+/// non-ASCII character decides.
+fn contraction(bytes: &[u8], at: usize, ignore_case: bool) -> Option<Option<usize>> {
+    if bytes.get(at) != Some(&b'\'') {
+        return Some(None);
+    }
     let lower = |i: usize| -> Option<Option<u8>> {
         match bytes.get(i) {
             None => Some(None),
@@ -68,12 +72,12 @@ fn contraction(bytes: &[u8], at: usize, ignore_case: bool) -> Option<usize> {
         }
     };
     Some(match lower(at + 1)? {
-        Some(b's' | b't' | b'm' | b'd') => 2,
+        Some(b's' | b't' | b'm' | b'd') => Some(at + 2),
         Some(first @ (b'r' | b'v' | b'l')) => {
             let second = if first == b'l' { b'l' } else { b'e' };
-            if lower(at + 2)? == Some(second) { 3 } else { 0 }
+            (lower(at + 2)? == Some(second)).then_some(at + 3)
         }
-        _ => 0,
+        _ => None,
     })
 }
 
@@ -94,11 +98,8 @@ fn trailing_whitespace(at: usize, end: usize, text_ends: bool) -> usize {
 /// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
 pub(crate) fn cl100k(bytes: &[u8], at: usize) -> Option<usize> {
     let first = class_at(bytes, at)?;
-    if bytes[at] == b'\'' {
-        let length = contraction(bytes, at, true)?;
-        if length > 0 {
-            return Some(at + length);
-        }
+    if let Some(end) = contraction(bytes, at, true)? {
+        return Some(end);
     }
     match first {
         Class::NonAscii => return None,
@@ -145,11 +146,8 @@ pub(crate) fn cl100k(bytes: &[u8], at: usize) -> Option<usize> {
 /// GPT-2: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`.
 pub(crate) fn gpt2(bytes: &[u8], at: usize) -> Option<usize> {
     let first = class_at(bytes, at)?;
-    if bytes[at] == b'\'' {
-        let length = contraction(bytes, at, false)?;
-        if length > 0 {
-            return Some(at + length);
-        }
+    if let Some(end) = contraction(bytes, at, false)? {
+        return Some(end);
     }
     let (class, from) = match first {
         Class::NonAscii => return None,

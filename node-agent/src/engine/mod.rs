@@ -486,14 +486,14 @@ impl<E: Executor> Engine<E> {
             self.executor.execute(&specs)
         };
         let elapsed = self.executor.modelled_seconds().unwrap_or_else(|| started.elapsed().as_secs_f64());
-        // Token-context products of the step (its attention work), for the step log below.
-        let attended: f64 =
-            chunks.iter().map(|&(_, start, end, _)| (end - start) as f64 * (start + end) as f64 / 2.0).sum();
         let mut prefill = 0;
         let mut decode = 0;
         let mut sampled = 0;
+        // Token-context products of the step (its attention work), for the step log below.
+        let mut attended = 0.0;
         let mut finished = Vec::new();
         for ((id, start, end, _), logits) in chunks.into_iter().zip(logits) {
+            attended += (end - start) as f64 * (start + end) as f64 / 2.0;
             let Some(seq) = self.running.iter_mut().find(|s| s.id == id) else { continue };
             if seq.generated() == 0 || end - start > 1 {
                 prefill += end - start
