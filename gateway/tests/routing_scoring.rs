@@ -1,7 +1,7 @@
 //! `cache_aware` scoring as data: replica states in, expected choice out.
 #![allow(clippy::unwrap_used)]
 
-use kvroute_gateway::routing::scoring::{cache_aware, predict};
+use kvroute_gateway::routing::scoring::{cache_aware, fill_unmeasured_rates, fleet_prefill_rate, predict};
 use kvroute_gateway::routing::{
     Decision, Exclusion, LookupResult, ReplicaId, ReplicaMatch, ReplicaView, RouteRequest, ScoringConfig, SplitMix64,
 };
@@ -134,15 +134,23 @@ fn cache_aware_choices() {
             Some(0),
         ),
         (
-            "on a nearly full pool a miss evicts cache that later requests would hit: the holder wins despite a longer queue",
+            "with many requests running, a miss slows every one of them: the holder wins despite a longer queue",
             vec![
-                State { gpu: 125, queued_tokens: 2_500, kv_usage: 0.85, ..replica(0) },
-                State { kv_usage: 0.85, ..replica(1) },
+                State { gpu: 125, queued_tokens: 2_500, running: 50, ..replica(0) },
+                State { running: 50, ..replica(1) },
             ],
             Some(0),
         ),
         (
-            "on mostly free pools the same miss is cheap: the idle replica wins",
+            "a new prefix goes where running sequences leave more of the pool free",
+            vec![
+                State { running: 20, kv_usage: 0.8, ..replica(0) },
+                State { running: 20, kv_usage: 0.3, ..replica(1) },
+            ],
+            Some(1),
+        ),
+        (
+            "with nothing running the same miss is cheap: the idle replica wins",
             vec![State { gpu: 125, queued_tokens: 2_500, ..replica(0) }, replica(1)],
             Some(1),
         ),
@@ -178,12 +186,12 @@ fn cache_aware_choices() {
         ),
         (
             "a near-tie goes to the lower load",
-            vec![State { gpu: 2, running: 5, ..replica(0) }, State { running: 2, ..replica(1) }],
+            vec![State { gpu: 125, running: 5, ..replica(0) }, State { gpu: 125, running: 2, ..replica(1) }],
             Some(1),
         ),
         (
-            "outside the tolerance the lower TTFT wins despite load",
-            vec![State { gpu: 20, running: 5, ..replica(0) }, State { running: 2, ..replica(1) }],
+            "outside the tolerance the lower score wins despite load",
+            vec![State { gpu: 100, running: 5, ..replica(0) }, State { running: 2, ..replica(1) }],
             Some(0),
         ),
         (
@@ -254,17 +262,56 @@ fn the_ttft_model_adds_queue_compute_and_cheapest_reload() {
     let found = ReplicaMatch { gpu_blocks: 25, host_blocks: 50, network_blocks: 25 };
     let view =
         ReplicaView { load: LoadStats { queued_prefill_tokens: 1_000, ..views[0].load.clone() }, ..views[0].clone() };
-    let prediction = predict(&view, found, PROMPT_TOKENS, &config);
+    let prediction = predict(&view, found, PROMPT_TOKENS, 0.0, &config);
     let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
-    assert!(close(prediction.queue_wait_s, 0.1));
+    // 1,000 queued tokens at 10,000 per second, plus one 20 ms decode step.
+    assert!(close(prediction.queue_wait_s, 0.1 + 0.02));
     assert!(close(prediction.compute_s, 400.0 / 10_000.0));
     assert!(close(prediction.host_s, 50.0 * BLOCK_BYTES as f64 / 20e9));
     // Reloading 25 blocks at 2 GB/s (26 ms) costs less than recomputing 400 tokens (40 ms).
     assert!(close(prediction.network_s, 25.0 * BLOCK_BYTES as f64 / 2e9));
     let slow = ReplicaView { load: LoadStats { network_bytes_per_second: 1e8, ..view.load.clone() }, ..view };
-    assert!(close(predict(&slow, found, PROMPT_TOKENS, &config).network_s, 0.04), "recompute when cheaper");
+    assert!(close(predict(&slow, found, PROMPT_TOKENS, 0.0, &config).network_s, 0.04), "recompute when cheaper");
     assert!(close(
         prediction.ttft_s,
         prediction.queue_wait_s + prediction.compute_s + prediction.host_s + prediction.network_s
     ));
+}
+
+#[test]
+fn congestion_prices_the_work_at_the_fleets_rate_for_everyone_sharing_the_steps() {
+    let states = [
+        State { waiting: 2, running: 30, ..replica(0) },
+        State { waiting: 2, running: 30, prefill_rate: 20_000.0, ..replica(1) },
+    ];
+    let (views, _) = views(&states);
+    let fleet = fleet_prefill_rate(&views);
+    assert_eq!(fleet, 15_000.0);
+    let config = ScoringConfig::default();
+    let found = ReplicaMatch { gpu_blocks: 25, ..ReplicaMatch::default() };
+    let slow = predict(&views[0], found, PROMPT_TOKENS, fleet, &config);
+    let fast = predict(&views[1], found, PROMPT_TOKENS, fleet, &config);
+    // 1,600 unmatched tokens: the replica's own rate for its TTFT...
+    assert!((slow.compute_s - 0.16).abs() < 1e-9 && (fast.compute_s - 0.08).abs() < 1e-9);
+    // ...the fleet's for what the 32 requests sharing its steps pay, with a tenth of the pool in use.
+    let expected = config.congestion_weight * 32.0 / 0.9 * 1_600.0 / 15_000.0;
+    assert!((slow.congestion_s - expected).abs() < 1e-9, "{slow:?}");
+    assert!((fast.congestion_s - expected).abs() < 1e-9, "{fast:?}");
+    let idle = predict(&views[0], found, PROMPT_TOKENS, fleet, &ScoringConfig { congestion_weight: 0.0, ..config });
+    assert_eq!(idle.congestion_s, 0.0);
+}
+
+#[test]
+fn unmeasured_rates_take_the_mean_of_the_measured_replicas() {
+    let (mut fleet, _) = views(&[replica(0), State { prefill_rate: 30_000.0, ..replica(1) }, replica(2)]);
+    fleet[0].load.decode_step_seconds = 0.04;
+    fleet[2].load.prefill_tokens_per_second = 0.0;
+    fleet[2].load.decode_step_seconds = 0.0;
+    fill_unmeasured_rates(&mut fleet);
+    assert_eq!(fleet[2].load.prefill_tokens_per_second, 20_000.0);
+    assert!((fleet[2].load.decode_step_seconds - 0.03).abs() < 1e-12);
+    assert_eq!(fleet[0].load.prefill_tokens_per_second, 10_000.0, "measured rates stay");
+    let (mut nobody, _) = views(&[State { prefill_rate: 0.0, ..replica(0) }]);
+    fill_unmeasured_rates(&mut nobody);
+    assert_eq!(nobody[0].load.prefill_tokens_per_second, 0.0, "the scoring defaults apply");
 }

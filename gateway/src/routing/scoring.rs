@@ -58,13 +58,11 @@ impl ReplicaView {
 /// than a measured one of the same fleet; the scoring defaults apply only when
 /// nobody has measured.
 pub fn fill_unmeasured_rates(views: &mut [ReplicaView]) {
-    let mean = |rate: fn(&LoadStats) -> f64, views: &[ReplicaView]| {
-        let measured: Vec<f64> = views.iter().map(|view| rate(&view.load)).filter(|r| *r > 0.0).collect();
-        (!measured.is_empty()).then(|| measured.iter().sum::<f64>() / measured.len() as f64)
-    };
+    let mean = |rate: fn(&LoadStats) -> f64, views: &[ReplicaView]| measured_mean(views, rate);
     let prefill = mean(|load| load.prefill_tokens_per_second, views);
     let host = mean(|load| load.host_bytes_per_second, views);
     let network = mean(|load| load.network_bytes_per_second, views);
+    let decode_step = mean(|load| load.decode_step_seconds, views);
     for view in views {
         let load = &mut view.load;
         if load.prefill_tokens_per_second == 0.0 {
@@ -75,6 +73,9 @@ pub fn fill_unmeasured_rates(views: &mut [ReplicaView]) {
         }
         if load.network_bytes_per_second == 0.0 {
             load.network_bytes_per_second = network.unwrap_or(0.0);
+        }
+        if load.decode_step_seconds == 0.0 {
+            load.decode_step_seconds = decode_step.unwrap_or(0.0);
         }
     }
 }
@@ -90,10 +91,15 @@ pub struct ScoringConfig {
     pub kv_penalty: f64,
     /// Floor of the prompt prefill time the penalty multiplies, seconds.
     pub kv_penalty_min_seconds: f64,
-    /// The work a request brings to a replica is paid again by others: by the requests that queue there
-    /// while it runs, and, on a full pool, by later requests whose cached blocks its new blocks evict. With
-    /// `w` waiting requests and a fraction `u` of the pool held by running requests, the ranking score adds
-    /// `congestion_weight * (w + u) * (compute + reload time)`. 0 ranks by the request's own TTFT alone.
+    /// The work a request brings to a replica is paid again by every request that shares the replica's
+    /// steps: a waiting request starts that much later, a running one decodes that much slower (and frees
+    /// its batch slot and blocks later); and the fuller its pool is of running sequences, the more of the
+    /// cache later requests would hit its new blocks evict. With `w` waiting and `r` running requests and a
+    /// fraction `u` of the pool held by running sequences, the ranking score adds
+    /// `congestion_weight * (w + r) / (1 - u) * (compute + reload time)`, the compute priced at the fleet's
+    /// mean prefill rate so that one replica's noisy rate is not multiplied. This is what keeps a
+    /// conversation on the replica that holds its history when another is only briefly less busy, and a
+    /// new prefix off a replica whose pool is nearly full. 0 ranks by the request's own TTFT alone.
     pub congestion_weight: f64,
     /// Scores within this fraction of the best are near-ties...
     pub near_tie_relative: f64,
@@ -140,7 +146,7 @@ impl Default for ScoringConfig {
             kv_watermark: 0.9,
             kv_penalty: 1.0,
             kv_penalty_min_seconds: 0.01,
-            congestion_weight: 1.0,
+            congestion_weight: 0.7,
             near_tie_relative: 0.05,
             near_tie_absolute_seconds: 0.001,
             default_prefill_tokens_per_second: 5_000.0,
@@ -185,7 +191,7 @@ impl Exclusion {
 /// The cost model's view of one replica for one request.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Prediction {
-    /// Queued prefill tokens at the replica's prefill rate.
+    /// Queued prefill tokens at the replica's prefill rate, plus one decode-only step.
     pub queue_wait_s: f64,
     /// Unmatched tokens at the replica's prefill rate.
     pub compute_s: f64,
@@ -264,6 +270,9 @@ impl Decision {
     }
 }
 
+/// The free fraction of a pool the congestion term divides by is taken as at least this.
+const MIN_FREE_POOL: f64 = 0.01;
+
 fn positive_or(value: f64, default: f64) -> f64 {
     if value.is_finite() && value > 0.0 { value } else { default }
 }
@@ -273,8 +282,26 @@ pub fn usable_match(view: &ReplicaView, found: ReplicaMatch) -> ReplicaMatch {
     if view.load.network_tier_up { found } else { ReplicaMatch { network_blocks: 0, ..found } }
 }
 
-/// Predicted TTFT of `request` on `view` given its matched blocks.
-pub fn predict(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize, config: &ScoringConfig) -> Prediction {
+/// The mean of `rate` over the replicas that have measured it (positive).
+fn measured_mean(views: &[ReplicaView], rate: fn(&LoadStats) -> f64) -> Option<f64> {
+    let measured: Vec<f64> = views.iter().map(|view| rate(&view.load)).filter(|r| *r > 0.0).collect();
+    (!measured.is_empty()).then(|| measured.iter().sum::<f64>() / measured.len() as f64)
+}
+
+/// The mean measured prefill rate of the replicas that have one (0 when none has).
+pub fn fleet_prefill_rate(views: &[ReplicaView]) -> f64 {
+    measured_mean(views, |load| load.prefill_tokens_per_second).unwrap_or(0.0)
+}
+
+/// Predicted TTFT of `request` on `view` given its matched blocks; `fleet_prefill_rate`
+/// ([`fleet_prefill_rate`]) prices the congestion term.
+pub fn predict(
+    view: &ReplicaView,
+    found: ReplicaMatch,
+    prompt_tokens: usize,
+    fleet_prefill_rate: f64,
+    config: &ScoringConfig,
+) -> Prediction {
     let load = &view.load;
     let rate = positive_or(load.prefill_tokens_per_second, config.default_prefill_tokens_per_second);
     let host_bandwidth = positive_or(load.host_bytes_per_second, config.default_host_bytes_per_second);
@@ -288,11 +315,21 @@ pub fn predict(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize, co
         (blocks * block_bytes / bandwidth).min(blocks * block_tokens / rate)
     };
     let matched_tokens = (f64::from(found.total_blocks()) * block_tokens).min(prompt);
-    let queue_wait_s = load.queued_prefill_tokens as f64 / rate;
+    // The queued prompts at the marginal prefill rate, plus one decode-only step: the rest of the step in
+    // progress and the running sequences' share of the step that computes this prompt.
+    let queue_wait_s = load.queued_prefill_tokens as f64 / rate + positive_or(load.decode_step_seconds, 0.0);
     let compute_s = (prompt - matched_tokens) / rate;
     let host_s = tier_s(found.host_blocks, host_bandwidth);
     let network_s = tier_s(found.network_blocks, network_bandwidth);
     let usage = load.kv_usage();
+    // Everyone sharing the replica's steps, more so as running sequences fill its pool (their blocks then
+    // come from evicting cache that later requests would hit, and at the end from preempting them).
+    let sharing = f64::from(load.waiting_requests) + f64::from(load.running_requests);
+    let paid_again_by = sharing / (1.0 - usage).max(MIN_FREE_POOL);
+    // The request's work at the fleet's mean rate: a replica whose rate reads high for a while would
+    // otherwise draw work to itself by its error times everyone it multiplies by.
+    let fleet_rate = positive_or(fleet_prefill_rate, rate);
+    let work_s = (prompt - matched_tokens) / fleet_rate + host_s + network_s;
     let kv_penalty_s = if usage > config.kv_watermark {
         let headroom = (1.0 - config.kv_watermark).max(f64::EPSILON);
         let excess = ((usage - config.kv_watermark) / headroom).clamp(0.0, 1.0);
@@ -300,8 +337,7 @@ pub fn predict(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize, co
     } else {
         0.0
     };
-    let paid_again_by = f64::from(load.waiting_requests) + usage;
-    let congestion_s = config.congestion_weight * paid_again_by * (compute_s + host_s + network_s);
+    let congestion_s = config.congestion_weight * paid_again_by * work_s;
     Prediction {
         queue_wait_s,
         compute_s,
@@ -321,11 +357,12 @@ pub fn candidates(
     lookup: &LookupResult,
     config: &ScoringConfig,
 ) -> Vec<CandidateScore> {
+    let fleet_rate = fleet_prefill_rate(replicas);
     replicas
         .iter()
         .map(|view| {
             let found = usable_match(view, lookup.get(view.id));
-            let prediction = predict(view, found, request.prompt_tokens, config);
+            let prediction = predict(view, found, request.prompt_tokens, fleet_rate, config);
             CandidateScore {
                 replica: view.id,
                 gpu_blocks: found.gpu_blocks,

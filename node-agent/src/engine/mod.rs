@@ -10,6 +10,7 @@
 
 pub mod executor;
 pub mod model_executor;
+pub mod rates;
 pub mod request;
 pub mod resident;
 pub mod thread;
@@ -25,6 +26,7 @@ use crate::block_manager::{BlockId, BlockManager, EventSink, PoolBlock};
 use crate::model::sampling::Sampler;
 use crate::tiers::host::BlockBytes;
 pub use executor::{ChunkSpec, Executor};
+use rates::StepRates;
 pub use request::{GenerateError, Output, OutputSink, Usage};
 pub use tiering::{Prefetched, Tiering};
 
@@ -96,7 +98,7 @@ pub struct EngineStats {
     pub preemptions_swap: u64,
     pub requests_finished: u64,
     pub rejected_total: u64,
-    /// Moving average of prefill tokens per second.
+    /// Marginal prefill tokens per second: what a step absorbs beyond its decodes ([`rates`]).
     pub prefill_tokens_per_second: f64,
     /// Moving average of one decode-only step, in seconds.
     pub decode_step_seconds: f64,
@@ -155,6 +157,7 @@ pub struct Engine<E: Executor> {
     eos_ids: Vec<u32>,
     next_id: u64,
     stats: EngineStats,
+    rates: StepRates,
     tiering: Tiering,
     /// When the latest requests left the waiting queue (at most [`DEPARTURES_KEPT`]), for its drain rate.
     departures: VecDeque<Instant>,
@@ -175,6 +178,7 @@ impl<E: Executor> Engine<E> {
             eos_ids,
             next_id: 0,
             stats: EngineStats::default(),
+            rates: StepRates::default(),
             tiering: Tiering::default(),
             departures: VecDeque::new(),
         }
@@ -557,16 +561,9 @@ impl<E: Executor> Engine<E> {
     }
 
     fn update_rates(&mut self, prefill: usize, decode: usize, elapsed: f64) {
-        const ALPHA: f64 = 0.2;
-        if prefill >= 16 && elapsed > 0.0 {
-            let rate = prefill as f64 / elapsed;
-            let old = self.stats.prefill_tokens_per_second;
-            self.stats.prefill_tokens_per_second = if old == 0.0 { rate } else { old + ALPHA * (rate - old) };
-        }
-        if prefill == 0 && decode > 0 {
-            let old = self.stats.decode_step_seconds;
-            self.stats.decode_step_seconds = if old == 0.0 { elapsed } else { old + ALPHA * (elapsed - old) };
-        }
+        self.rates.record(prefill, decode, elapsed);
+        self.stats.prefill_tokens_per_second = self.rates.prefill_tokens_per_second();
+        self.stats.decode_step_seconds = self.rates.decode_step_seconds();
     }
 
     fn preempt(&mut self, id: u64) {
