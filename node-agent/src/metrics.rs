@@ -47,8 +47,11 @@ fn describe() {
     describe_gauge!(REQUESTS_RUNNING, "Requests in the running batch.");
     describe_counter!(REQUESTS_FINISHED, "Requests that finished or were dropped by their client.");
     describe_counter!(REQUESTS_REJECTED, "Requests refused at submission, by reason.");
-    describe_gauge!(PREFILL_TOKENS_PER_SECOND, "Moving average of measured prefill throughput.");
-    describe_gauge!(DECODE_STEP_SECONDS, "Moving average of one decode step.");
+    describe_gauge!(
+        PREFILL_TOKENS_PER_SECOND,
+        "Marginal prefill throughput: prompt tokens per second of step time beyond a decode-only step (moving average)."
+    );
+    describe_gauge!(DECODE_STEP_SECONDS, "Moving average of one decode-only step.");
 }
 
 /// Publishes the engine's state (called at every heartbeat).
