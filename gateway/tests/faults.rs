@@ -229,7 +229,9 @@ fn a_restarted_gateway_rebuilds_its_index_from_snapshots() {
 fn sigterm_on_the_gateway_finishes_the_stream_in_flight_then_exits_zero() {
     let _serial = serial();
     let agents = agents(1, &[]);
-    let mut gateway = GatewayProcess::start(&grpc_addrs(&agents), HEARTBEAT);
+    // A grace long enough for the whole stream on a busy machine: the test is about draining, not the default.
+    let args = [HEARTBEAT, &["--shutdown-grace-secs", "300"]].concat();
+    let mut gateway = GatewayProcess::start(&grpc_addrs(&agents), &args);
     let body = json!({"prompt": prompt("shutdown"), "max_tokens": 1500, "stream": true});
     let mut stream = EventStream::post(gateway.http, "/v1/completions", &body.to_string()).unwrap();
     assert_eq!(stream.status, 200);
