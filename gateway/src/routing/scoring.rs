@@ -58,11 +58,10 @@ impl ReplicaView {
 /// than a measured one of the same fleet; the scoring defaults apply only when
 /// nobody has measured.
 pub fn fill_unmeasured_rates(views: &mut [ReplicaView]) {
-    let mean = |rate: fn(&LoadStats) -> f64, views: &[ReplicaView]| measured_mean(views, rate);
-    let prefill = mean(|load| load.prefill_tokens_per_second, views);
-    let host = mean(|load| load.host_bytes_per_second, views);
-    let network = mean(|load| load.network_bytes_per_second, views);
-    let decode_step = mean(|load| load.decode_step_seconds, views);
+    let prefill = measured_mean(views, |load| load.prefill_tokens_per_second);
+    let host = measured_mean(views, |load| load.host_bytes_per_second);
+    let network = measured_mean(views, |load| load.network_bytes_per_second);
+    let decode_step = measured_mean(views, |load| load.decode_step_seconds);
     for view in views {
         let load = &mut view.load;
         if load.prefill_tokens_per_second == 0.0 {
