@@ -313,11 +313,11 @@ pub fn predict(
         let blocks = f64::from(blocks);
         (blocks * block_bytes / bandwidth).min(blocks * block_tokens / rate)
     };
-    let matched_tokens = (f64::from(found.total_blocks()) * block_tokens).min(prompt);
+    let unmatched_tokens = prompt - (f64::from(found.total_blocks()) * block_tokens).min(prompt);
     // The queued prompts at the marginal prefill rate, plus one decode-only step: the rest of the step in
     // progress and the running sequences' share of the step that computes this prompt.
     let queue_wait_s = load.queued_prefill_tokens as f64 / rate + positive_or(load.decode_step_seconds, 0.0);
-    let compute_s = (prompt - matched_tokens) / rate;
+    let compute_s = unmatched_tokens / rate;
     let host_s = tier_s(found.host_blocks, host_bandwidth);
     let network_s = tier_s(found.network_blocks, network_bandwidth);
     let usage = load.kv_usage();
@@ -328,7 +328,7 @@ pub fn predict(
     // The request's work at the fleet's mean rate: a replica whose rate reads high for a while would
     // otherwise draw work to itself by its error times everyone it multiplies by.
     let fleet_rate = positive_or(fleet_prefill_rate, rate);
-    let work_s = (prompt - matched_tokens) / fleet_rate + host_s + network_s;
+    let work_s = unmatched_tokens / fleet_rate + host_s + network_s;
     let kv_penalty_s = if usage > config.kv_watermark {
         let headroom = (1.0 - config.kv_watermark).max(f64::EPSILON);
         let excess = ((usage - config.kv_watermark) / headroom).clamp(0.0, 1.0);

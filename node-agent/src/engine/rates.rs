@@ -7,8 +7,8 @@
 //! prefill tokens by the whole step time would charge them for the decodes too,
 //! and under load (a few prompt tokens beside hundreds of decodes) would report
 //! a rate several times too low, so a request's predicted wait would be several
-//! times too long. The marginal rate is the ratio of two moving sums: prefill
-//! tokens, and the step time beyond a decode-only step.
+//! times too long. The marginal rate is the ratio of two moving averages:
+//! prefill tokens per step, and the step time beyond a decode-only step.
 
 /// Weight of the newest step in the moving averages.
 const ALPHA: f64 = 0.2;
@@ -24,7 +24,7 @@ const MIN_PREFILL_SHARE: f64 = 0.1;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepRates {
     decode_step_seconds: f64,
-    /// Moving sums of prefill tokens and of the seconds they added to their steps.
+    /// Moving averages of prefill tokens per step and of the seconds they added to their steps.
     prefill_tokens: f64,
     prefill_seconds: f64,
 }
