@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 
 use crate::metrics;
 use crate::routing::{
-    ChurnConfig, ChurnDetector, Decision, Exclusion, IndexConfig, LookupResult, Millis, Policy, PrefixIndex,
-    PrefixSketch, ReplicaView, RouteRequest, SketchConfig, SplitMix64, fill_unmeasured_rates,
+    CandidateScore, ChurnConfig, ChurnDetector, Decision, Exclusion, IndexConfig, LookupResult, Millis, Policy,
+    PrefixIndex, PrefixSketch, ReplicaView, RouteRequest, SketchConfig, SplitMix64, fill_unmeasured_rates,
 };
 use crate::upstream::{IndexSink, Pool, ReplicaId};
 
@@ -20,7 +20,7 @@ use crate::upstream::{IndexSink, Pool, ReplicaId};
 #[derive(Clone, Debug, Default)]
 pub struct RoutePlan {
     /// Eligible replicas, best first: a failed attempt moves to the next.
-    pub candidates: Vec<ReplicaId>,
+    pub candidates: Vec<CandidateScore>,
     pub predicted_cached_tokens: usize,
     /// Every known replica is excluded because its queue is full.
     pub all_full: bool,
@@ -149,15 +149,16 @@ impl Router {
         let all_full = !decision.candidates.is_empty()
             && decision.candidates.iter().all(|candidate| candidate.excluded == Some(Exclusion::QueueFull));
         RoutePlan {
-            candidates: decision.ranked(),
+            candidates: decision.ranked().into_iter().cloned().collect(),
             predicted_cached_tokens: decision.predicted_cached_tokens(block_size) as usize,
             all_full,
         }
     }
 
-    /// Records that a request's blocks are on their way to `replica`.
-    pub fn sent(&self, replica: ReplicaId, hashes: &[BlockHash]) {
-        self.index.add_pending(replica, hashes, self.now(), self.pending_ttl);
+    /// Records that a request's blocks are on their way to `candidate`'s replica: those it will
+    /// compute count as pending there.
+    pub fn sent(&self, candidate: &CandidateScore, hashes: &[BlockHash]) {
+        self.index.add_pending(candidate.replica, candidate.unreached(hashes), self.now(), self.pending_ttl);
     }
 
     /// Each replica's matched blocks per tier, predicted TTFT, and the choice.

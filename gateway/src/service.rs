@@ -230,13 +230,14 @@ impl Gateway {
         };
         let mut last_error = ServiceError::NoReplica("no healthy replica".into());
         let mut overloaded = 0;
-        for (attempt, &replica) in plan.candidates.iter().take(self.config.max_attempts.max(1)).enumerate() {
+        for (attempt, candidate) in plan.candidates.iter().take(self.config.max_attempts.max(1)).enumerate() {
+            let replica = candidate.replica;
             if attempt > 0 {
                 metrics::record_retry();
             }
             // Counted before the first token comes back: requests routed during this one's prefill see its
             // blocks as pending here and its work in this replica's queue.
-            self.router.sent(replica, &hashes);
+            self.router.sent(candidate, &hashes);
             let cached = if attempt == 0 { plan.predicted_cached_tokens } else { 0 };
             let uncached = spec.prompt.len().saturating_sub(cached) as u64;
             match self.start_on(replica, &request, uncached).await {

@@ -1,7 +1,10 @@
 //! The prefix index as data: events in, per-replica tier runs out.
 #![allow(clippy::unwrap_used)]
 
-use kvroute_gateway::routing::{IndexConfig, IndexError, PrefixIndex, ReplicaId, ReplicaMatch};
+use kvroute_gateway::routing::scoring::cache_aware;
+use kvroute_gateway::routing::{
+    IndexConfig, IndexError, PrefixIndex, ReplicaId, ReplicaMatch, ReplicaView, RouteRequest, ScoringConfig, SplitMix64,
+};
 use kvroute_proto::domain::{KvEvent, KvEventBatch, LoadStats, Tier};
 use kvroute_proto::{BlockHash, BlockHasher};
 
@@ -193,6 +196,60 @@ fn pending_entries_count_as_gpu_until_they_expire() {
     // A later route of the same blocks elsewhere replaces the pending holder.
     index.add_pending(2, &a[2..4], 6_000, 3_000);
     assert_eq!(index.lookup(&a, 6_000).get(0), runs(2, 0, 0));
+}
+
+fn idle_view(id: ReplicaId) -> ReplicaView {
+    ReplicaView {
+        id,
+        healthy: true,
+        load: LoadStats {
+            kv_blocks_total: 1_000,
+            prefill_tokens_per_second: 10_000.0,
+            decode_step_seconds: 0.02,
+            host_bytes_per_second: 20e9,
+            network_bytes_per_second: 2e9,
+            network_tier_up: true,
+            queue_capacity: 64,
+            ..LoadStats::default()
+        },
+        block_size: 16,
+        bytes_per_block: 2 << 20,
+    }
+}
+
+/// Routes `hashes` over two idle replicas with cache_aware and records what it sends as pending.
+fn route_and_send(index: &PrefixIndex, hashes: &[BlockHash], now: u64) -> ReplicaId {
+    let views = [idle_view(0), idle_view(1)];
+    let request = RouteRequest { hashes, prompt_tokens: hashes.len() * 16, session_key: None };
+    let decision =
+        cache_aware(&request, &views, &index.lookup(hashes, now), &ScoringConfig::default(), &mut SplitMix64::new(1));
+    let chosen = decision.chosen_candidate().unwrap();
+    index.add_pending(chosen.replica, chosen.unreached(hashes), now, 3_000);
+    chosen.replica
+}
+
+#[test]
+fn pending_entries_cover_what_the_chosen_replica_computes_not_what_it_reloads() {
+    // A new prefix: the whole chain becomes pending, so a burst sharing it follows the first request.
+    let index = self::index();
+    let fresh = chain(6, 6, 0);
+    let first = route_and_send(&index, &fresh, 0);
+    assert_eq!(index.lookup(&fresh, 1).get(first), runs(6, 0, 0));
+    assert_eq!(route_and_send(&index, &fresh, 1), first);
+
+    // A prefix the network tier holds: the chosen replica reloads blocks 0..4 and computes 4..6. Only
+    // 4..6 become pending; blocks 0..4 stay priced as a reload on every replica, so the next request
+    // does not take them for resident on the first one while that reload is still running.
+    let index = self::index();
+    index.set_network_tier_up(0, true).unwrap();
+    index.set_network_tier_up(1, true).unwrap();
+    let shared = chain(6, 6, 1);
+    index.apply(1, &stored(Tier::Network, &shared[..4])).unwrap();
+    let chosen = route_and_send(&index, &shared, 0);
+    let other = 1 - chosen;
+    let after = index.lookup(&shared, 1);
+    assert_eq!(after.get(chosen), runs(0, 0, 6));
+    assert_eq!(after.get(other), runs(0, 0, 4));
 }
 
 #[test]

@@ -251,7 +251,7 @@ fn the_decision_explains_every_replica() {
     assert!(decision.candidates[2].over_kv_watermark);
     assert!(decision.candidates[2].prediction.kv_penalty_s > 0.0);
     assert_eq!(decision.chosen, Some(0));
-    assert_eq!(decision.ranked(), vec![0, 2]);
+    assert_eq!(decision.ranked().iter().map(|candidate| candidate.replica).collect::<Vec<_>>(), vec![0, 2]);
     assert_eq!(decision.predicted_cached_tokens(16), 960);
 }
 

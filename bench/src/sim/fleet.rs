@@ -215,7 +215,8 @@ impl<'a> Fleet<'a> {
             return;
         };
         let replica = usize::from(chosen);
-        self.index.add_pending(chosen, &hashes, now_ms, self.config.pending_ttl_ms);
+        let pending = decision.chosen_candidate().map_or(&hashes[..], |candidate| candidate.unreached(&hashes));
+        self.index.add_pending(chosen, pending, now_ms, self.config.pending_ttl_ms);
         let profile = &self.config.profile;
         let mut prefetched = Prefetched::default();
         let mut delay = 0.0;

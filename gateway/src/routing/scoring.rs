@@ -230,6 +230,16 @@ impl CandidateScore {
     pub fn matched_blocks(&self) -> u32 {
         self.gpu_blocks + self.host_blocks + self.network_blocks
     }
+
+    /// The blocks of `hashes` that become pending when the request goes to this replica: those it
+    /// reaches from no tier yet, which it will compute. The matched run is excluded because the
+    /// replica already holds it or will reload it: requests that followed pending entries over a
+    /// run still being reloaded would each wait for that reload (or start another), while the
+    /// index already offers the run to every replica at its true price.
+    pub fn unreached<'h>(&self, hashes: &'h [BlockHash]) -> &'h [BlockHash] {
+        let matched = usize::try_from(self.matched_blocks()).unwrap_or(usize::MAX);
+        &hashes[matched.min(hashes.len())..]
+    }
 }
 
 /// The outcome of routing one request.
@@ -252,7 +262,7 @@ impl Decision {
 
     /// Eligible replicas best first: the chosen one, then by policy score
     /// (then id). A failed attempt retries on the next.
-    pub fn ranked(&self) -> Vec<ReplicaId> {
+    pub fn ranked(&self) -> Vec<&CandidateScore> {
         let mut eligible: Vec<&CandidateScore> =
             self.candidates.iter().filter(|candidate| candidate.excluded.is_none()).collect();
         eligible.sort_by(|a, b| {
@@ -260,7 +270,7 @@ impl Decision {
             let b_first = Some(b.replica) == self.chosen;
             b_first.cmp(&a_first).then(a.policy_score.total_cmp(&b.policy_score)).then(a.replica.cmp(&b.replica))
         });
-        eligible.into_iter().map(|candidate| candidate.replica).collect()
+        eligible
     }
 
     /// Prompt tokens the chosen replica is predicted to have cached.
