@@ -57,7 +57,7 @@ struct Args {
     /// How long a routed prefix counts as pending on its replica (the gateway's --pending-ttl-ms).
     #[arg(long, default_value_t = 3000)]
     pending_ttl_ms: u64,
-    /// cache_aware: weight of a request's work as the requests waiting at a replica pay it (0: own TTFT only).
+    /// cache_aware: weight of a request's work as the requests waiting or running at a replica pay it (0: own TTFT only).
     #[arg(long, default_value_t = ScoringConfig::default().congestion_weight)]
     congestion_weight: f64,
     /// Synthetic workloads: sessions.

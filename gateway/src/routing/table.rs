@@ -224,22 +224,26 @@ impl Table {
         false
     }
 
+    #[inline]
     fn read_slot(&self, slot: usize, key: Key, out: &mut [u64]) -> SlotRead {
         let base = slot * self.stride;
+        // One bounds check for the slot's words instead of one per word.
+        let Some(words) = self.words.get(base..base + self.stride) else { return SlotRead::Busy };
+        let (key_words, holders) = words.split_at(KEY_WORDS);
         for _ in 0..SLOT_ATTEMPTS {
-            let before = self.tag(slot).load(Ordering::Acquire);
+            let before = key_words[1].load(Ordering::Acquire);
             if before & WRITING != 0 {
                 spin_loop();
                 continue;
             }
-            let lo = self.word(base).load(Ordering::Relaxed);
+            let lo = key_words[0].load(Ordering::Relaxed);
             let mut held = 0;
-            for (i, value) in out.iter_mut().enumerate().take(self.holder_words()) {
-                *value = self.word(base + KEY_WORDS + i).load(Ordering::Relaxed);
+            for (value, word) in out.iter_mut().zip(holders) {
+                *value = word.load(Ordering::Relaxed);
                 held |= *value;
             }
             fence(Ordering::Acquire);
-            let after = self.tag(slot).load(Ordering::Relaxed);
+            let after = key_words[1].load(Ordering::Relaxed);
             if (before | RECENCY) != (after | RECENCY) {
                 continue;
             }
