@@ -59,7 +59,7 @@ const MAX_SET_WORDS: usize = MAX_REPLICAS / 64;
 /// Entries per slot at the cap.
 const MAX_LOAD_FACTOR: f64 = 0.7;
 /// Blocks whose slots a lookup touches ahead of probing them.
-const WARM_AHEAD: usize = 16;
+const WARM_AHEAD: usize = 32;
 /// Entries an eviction considers around the new entry's home slot.
 const EVICTION_WINDOW: usize = 8;
 

@@ -147,11 +147,15 @@ impl Table {
         self.word(slot * self.stride + KEY_WORDS + set * self.set_words + word)
     }
 
-    /// Loads the first word of `key`'s home slot, so that the probe that
-    /// follows finds it in cache: callers touch a run of blocks before
-    /// probing any, letting the memory system overlap the misses.
+    /// Loads the first word of `key`'s home slot and the last word of the
+    /// slot after it (a probe at the load cap reads two or three slots), so
+    /// that the probe that follows finds its cache lines present: callers
+    /// touch a run of blocks before probing any, letting the memory system
+    /// overlap the misses.
     pub fn warm(&self, key: Key) -> u64 {
-        self.word(self.home(key) * self.stride).load(Ordering::Relaxed)
+        let base = self.home(key) * self.stride;
+        let far = (base + 2 * self.stride - 1).min(self.words.len() - 1);
+        self.word(base).load(Ordering::Relaxed) ^ self.word(far).load(Ordering::Relaxed)
     }
 
     // ----- readers -------------------------------------------------------
