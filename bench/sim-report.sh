@@ -31,6 +31,8 @@ EOF
   echo "  ($((SECONDS - started)) s)"
 }
 
+no_tiers=(--host-bytes 0 --network-bytes 0)
+
 want() { [ $# -eq 0 ] || [[ " $selected " == *" $1 "* ]]; }
 selected="$*"
 
@@ -39,16 +41,15 @@ if want trace; then
 fi
 if want trace-no-tiers; then
   run trace-no-tiers --trace "$trace" --replicas 8 --policy all --profile h100-llama3-8b --rate-scale 2 \
-    --host-bytes 0 --network-bytes 0
+    "${no_tiers[@]}"
 fi
 if want trace-32; then
   run trace-32 --trace "$trace" --replicas 32 --policy all --profile h100-llama3-8b --rate-scale 8
 fi
 if want trace-32-no-tiers; then
   run trace-32-no-tiers --trace "$trace" --replicas 32 --policy all --profile h100-llama3-8b --rate-scale 8 \
-    --host-bytes 0 --network-bytes 0
+    "${no_tiers[@]}"
 fi
-no_tiers=(--host-bytes 0 --network-bytes 0)
 for workload in chat agent rag fewshot timestamp-top; do
   if want workloads; then
     run "$workload-8" --workload "$workload" --replicas 8 --policy all --sessions 3000 --rate 200
