@@ -5,7 +5,8 @@
 #
 #   bench/policy-matrix.sh [--agents 4] [--model tiny-random] [--kv-cache-bytes 4MiB]
 #                          [--policies "cache_aware round_robin least_loaded"]
-#                          [--workloads "chat agent rag fewshot timestamp-top"] [-- KVROUTE-LOAD ARGS...]
+#                          [--workloads "chat agent rag fewshot timestamp-top"] [--no-network-tier]
+#                          [-- KVROUTE-LOAD ARGS...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,7 @@ model="tiny-random"
 kv_cache_bytes="4MiB"
 policies="cache_aware round_robin least_loaded"
 workloads="chat agent rag fewshot timestamp-top"
+cluster_args=()
 load_args=(--sessions 24 --turns 6 --rate 1 --think-ms 1000 --max-tokens 32 --duration-secs 90)
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -22,8 +24,9 @@ while [ $# -gt 0 ]; do
     --kv-cache-bytes) kv_cache_bytes="$2"; shift 2 ;;
     --policies) policies="$2"; shift 2 ;;
     --workloads) workloads="$2"; shift 2 ;;
+    --no-network-tier) cluster_args+=(--no-network-tier); shift ;;
     --) shift; load_args=("$@"); break ;;
-    *) sed -n '2,8p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,9p' "$0" >&2; exit 2 ;;
   esac
 done
 
@@ -39,7 +42,7 @@ for workload in $workloads; do
   for policy in $policies; do
     echo "== $workload under $policy" >&2
     start_cluster "$http_port" 18051 "$out/$policy-$workload.cluster.log" --agents "$agents" --model "$model" \
-      --policy "$policy" --kv-cache-bytes "$kv_cache_bytes"
+      --policy "$policy" --kv-cache-bytes "$kv_cache_bytes" "${cluster_args[@]}"
     target/release/kvroute-load --url "http://127.0.0.1:$http_port" --workload "$workload" --json "${load_args[@]}" \
       >"$out/$policy-$workload.json" 2>/dev/null
     curl -fsS "http://127.0.0.1:$http_port/metrics" >"$out/$policy-$workload.gateway.metrics"

@@ -18,9 +18,11 @@ model=""
 policy="cache_aware"
 kv_cache_bytes="48MiB"
 build=1
+network_tier=1
 usage() {
   echo "usage: deploy/local/up.sh [--agents N] [--http-port P] [--grpc-port P] [--model tiny-random|FILE.gguf]"
   echo "                          [--policy cache_aware|round_robin|least_loaded|...] [--kv-cache-bytes SIZE] [--no-build]"
+  echo "                          [--no-network-tier]   (no redis-server: agents spill to host RAM only)"
 }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,6 +33,7 @@ while [ $# -gt 0 ]; do
     --policy) policy="$2"; shift 2 ;;
     --kv-cache-bytes) kv_cache_bytes="$2"; shift 2 ;;
     --no-build) build=0; shift ;;
+    --no-network-tier) network_tier=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
   esac
@@ -67,7 +70,9 @@ tokenizer="builtin"
 redis_args=()
 redis_bin=$(command -v redis-server || true)
 [ -z "$redis_bin" ] && [ -x /usr/bin/redis-server ] && redis_bin=/usr/bin/redis-server
-if [ -n "$redis_bin" ]; then
+if [ "$network_tier" = 0 ]; then
+  echo "== --no-network-tier: the shared network tier is off"
+elif [ -n "$redis_bin" ]; then
   redis_port=6390
   mkdir -p "$run_dir/redis"
   "$redis_bin" --bind 127.0.0.1 --port "$redis_port" --save "" --appendonly no --dir "$run_dir/redis" \
