@@ -27,9 +27,9 @@
 //! sensitive threads.
 //!
 //! # Memory
-//! The table is sized once: `max_entries / 0.7` slots of `16 + 24W` bytes
+//! The table is sized once: `max_entries / 0.7` slots of `8 + 24W` bytes
 //! (W = set words, 1 up to 64 replicas) and a relocation counter per 64 slots:
-//! 57.3 bytes per entry at the cap with up to 64 replicas
+//! 45.9 bytes per entry at the cap with up to 64 replicas
 //! ([`PrefixIndex::bytes_per_entry_at_cap`]).
 //!
 //! Past the cap, each insert evicts one entry, an approximate LRU: every
@@ -130,7 +130,7 @@ pub struct IndexStats {
     pub entries: usize,
     pub max_entries: usize,
     pub slots: usize,
-    /// Bytes of one table slot (`16 + 24W`).
+    /// Bytes of one table slot (`8 + 24W`).
     pub slot_bytes: usize,
     /// Bytes of the table, its counters and the pending table.
     pub memory_bytes: usize,
@@ -344,13 +344,29 @@ impl PrefixIndex {
         }
     }
 
-    /// Every [`WARM_AHEAD`] blocks, touches the home slots of the next run.
+    /// Every [`WARM_AHEAD`] blocks, touches the slots of the next run.
     fn warm_ahead(&self, hashes: &[BlockHash], position: usize) {
         if position.is_multiple_of(WARM_AHEAD) {
             let end = (position + WARM_AHEAD).min(hashes.len());
-            let warm = hashes[position..end].iter().fold(0, |warm, hash| warm ^ self.table.warm(Key::of(hash)));
-            std::hint::black_box(warm);
+            std::hint::black_box(self.warm(&hashes[position..end], false));
         }
+    }
+
+    /// Touches the slots that probes of the first [`WARM_AHEAD`] of `hashes`
+    /// will read, and their pending buckets when `pending`. The probe starts
+    /// are computed first, so that the loop of loads is short enough for all
+    /// of its cache misses to be in flight at once.
+    fn warm(&self, hashes: &[BlockHash], pending: bool) -> u64 {
+        let hashes = &hashes[..hashes.len().min(WARM_AHEAD)];
+        let mut starts = [0usize; WARM_AHEAD];
+        for (start, hash) in starts.iter_mut().zip(hashes) {
+            *start = self.table.probe_start(Key::of(hash));
+        }
+        let mut warm = starts[..hashes.len()].iter().fold(0, |warm, &start| warm ^ self.table.warm(start));
+        if pending {
+            warm = hashes.iter().fold(warm, |warm, hash| warm ^ self.pending.warm(Key::of(hash)));
+        }
+        warm
     }
 
     fn store_locked(&self, key: Key, set: usize, word: usize, mask: u64) {
@@ -439,16 +455,10 @@ impl PrefixIndex {
         let mut warm = 0u64;
         for (block, hash) in hashes.iter().enumerate() {
             if block == warmed {
-                // Touch the next run of home slots with independent loads first:
+                // Touch the next run of slots with independent loads first:
                 // their cache misses overlap instead of following one another.
                 warmed = (block + WARM_AHEAD).min(hashes.len());
-                for ahead in &hashes[block..warmed] {
-                    let key = Key::of(ahead);
-                    warm ^= self.table.warm(key);
-                    if pending_live {
-                        warm ^= self.pending.warm(key);
-                    }
-                }
+                warm ^= self.warm(&hashes[block..warmed], pending_live);
             }
             let key = Key::of(hash);
             if !self.table.find(key, &mut holders, true) {

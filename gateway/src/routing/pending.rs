@@ -2,7 +2,8 @@
 //! events confirm it. A small lossy table that any request thread may write
 //! and read without locks.
 //!
-//! Buckets of two slots are addressed by the key's low bits. A slot holds one
+//! Buckets of two slots are addressed by the key's low bits (above the 16
+//! that are always clear). A slot holds one
 //! (block, replica, expiry); a new entry replaces the slot with the same block,
 //! else an empty or expired slot, else the one expiring first. Writers take a
 //! slot with a compare-and-swap and give up when another writer holds it:
@@ -16,7 +17,8 @@ use super::table::Key;
 use super::{Millis, ReplicaId};
 
 const WRITING: u64 = 1;
-const STRIDE: usize = 4;
+/// Words of a slot: lock, key, value.
+const STRIDE: usize = 3;
 const SLOT_ATTEMPTS: usize = 8;
 /// A value word: bit 63 marks an entry, bits 47..63 the replica, the low 47
 /// bits the expiry time (about 4,400 years of milliseconds).
@@ -59,9 +61,9 @@ impl PendingTable {
     }
 
     fn bucket(&self, key: Key) -> usize {
-        // The low bits of `lo`: independent of the main table's home slot,
+        // The key's low bits: independent of the main table's home slot,
         // which comes from the high bits.
-        (key.lo as usize) & (self.buckets - 1)
+        ((key.0 >> 16) as usize) & (self.buckets - 1)
     }
 
     /// Whether any entry may still be live at `now` (lookups skip the table otherwise).
@@ -84,9 +86,8 @@ impl PendingTable {
         let mut target_rank = u64::MAX;
         for slot in [first, first + 1] {
             let base = slot * STRIDE;
-            let value = self.words[base + 3].load(Ordering::Relaxed);
-            let same = self.words[base + 1].load(Ordering::Relaxed) == key.lo
-                && self.words[base + 2].load(Ordering::Relaxed) == key.hi;
+            let value = self.words[base + 2].load(Ordering::Relaxed);
+            let same = self.words[base + 1].load(Ordering::Relaxed) == key.0;
             // Lower rank is a better slot to take.
             let rank = match unpack(value) {
                 _ if same => 0,
@@ -108,9 +109,8 @@ impl PendingTable {
             return;
         }
         fence(Ordering::Release);
-        self.words[base + 1].store(key.lo, Ordering::Relaxed);
-        self.words[base + 2].store(key.hi, Ordering::Relaxed);
-        self.words[base + 3].store(pack(replica, expiry), Ordering::Relaxed);
+        self.words[base + 1].store(key.0, Ordering::Relaxed);
+        self.words[base + 2].store(pack(replica, expiry), Ordering::Relaxed);
         meta.fetch_add(WRITING, Ordering::Release);
     }
 
@@ -137,12 +137,11 @@ impl PendingTable {
                 spin_loop();
                 continue;
             }
-            let lo = self.words[base + 1].load(Ordering::Relaxed);
-            let hi = self.words[base + 2].load(Ordering::Relaxed);
-            let value = self.words[base + 3].load(Ordering::Relaxed);
+            let stored = self.words[base + 1].load(Ordering::Relaxed);
+            let value = self.words[base + 2].load(Ordering::Relaxed);
             fence(Ordering::Acquire);
             if self.words[base].load(Ordering::Relaxed) == before {
-                return if lo == key.lo && hi == key.hi { unpack(value) } else { None };
+                return if stored == key.0 { unpack(value) } else { None };
             }
         }
         None
@@ -152,10 +151,10 @@ impl PendingTable {
     pub fn remove_replica(&self, replica: ReplicaId) {
         for slot in 0..self.buckets * 2 {
             let base = slot * STRIDE;
-            let value = self.words[base + 3].load(Ordering::Relaxed);
+            let value = self.words[base + 2].load(Ordering::Relaxed);
             if unpack(value).is_some_and(|(holder, _)| holder == replica) {
                 // Compare-and-swap: an entry rewritten meanwhile is left alone.
-                let _ = self.words[base + 3].compare_exchange(value, 0, Ordering::Release, Ordering::Relaxed);
+                let _ = self.words[base + 2].compare_exchange(value, 0, Ordering::Release, Ordering::Relaxed);
             }
         }
     }
@@ -168,7 +167,7 @@ mod tests {
     #[test]
     fn entries_expire_and_are_replaced() {
         let table = PendingTable::new(16);
-        let key = Key { lo: 1, hi: 2 };
+        let key = Key(2 << 16);
         assert_eq!(table.holder(key, 0), None);
         table.add(key, 3, 0, 100);
         assert_eq!(table.holder(key, 99), Some(3));
