@@ -71,7 +71,7 @@ impl PendingTable {
         now < self.horizon.load(Ordering::Relaxed)
     }
 
-    /// Loads the first word of `key`'s bucket (see `Table::warm`).
+    /// Loads the first word of `key`'s bucket, ahead of a lookup that reads it.
     pub fn warm(&self, key: Key) -> u64 {
         self.words[self.bucket(key) * 2 * STRIDE].load(Ordering::Relaxed)
     }

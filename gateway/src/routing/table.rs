@@ -334,7 +334,7 @@ impl Table {
     fn end_write(&self, slot: usize, key: u64, recency: u64) {
         let tag = self.tag(slot);
         let version = (tag.load(Ordering::Relaxed) & VERSION).wrapping_add(VERSION_ONE) & VERSION;
-        tag.store(key | version | (recency & RECENCY), Ordering::Release);
+        tag.store((key & KEY_BITS) | version | (recency & RECENCY), Ordering::Release);
     }
 
     /// Inserts `key`, absent from the table, with one replica bit in `set`;
