@@ -347,8 +347,7 @@ impl PrefixIndex {
     /// Every [`WARM_AHEAD`] blocks, touches the slots of the next run.
     fn warm_ahead(&self, hashes: &[BlockHash], position: usize) {
         if position.is_multiple_of(WARM_AHEAD) {
-            let end = (position + WARM_AHEAD).min(hashes.len());
-            std::hint::black_box(self.warm(&hashes[position..end], false));
+            std::hint::black_box(self.warm(&hashes[position..], false));
         }
     }
 
@@ -450,15 +449,13 @@ impl PrefixIndex {
         let mut ends = vec![[0u32; 3]; replicas];
         let mut holders = [0u64; 3 * MAX_SET_WORDS];
         let mut processed = 0;
-        let mut warmed = 0;
         let pending_live = self.pending.any_live(now);
         let mut warm = 0u64;
         for (block, hash) in hashes.iter().enumerate() {
-            if block == warmed {
+            if block.is_multiple_of(WARM_AHEAD) {
                 // Touch the next run of slots with independent loads first:
                 // their cache misses overlap instead of following one another.
-                warmed = (block + WARM_AHEAD).min(hashes.len());
-                warm ^= self.warm(&hashes[block..warmed], pending_live);
+                warm ^= self.warm(&hashes[block..], pending_live);
             }
             let key = Key::of(hash);
             if !self.table.find(key, &mut holders, true) {

@@ -95,8 +95,6 @@ pub(crate) struct Table {
     words: Box<[AtomicU64]>,
     /// Index in `words` of slot 0's first word: the first on a line boundary.
     first: usize,
-    /// One past the last slot's last word.
-    end: usize,
     regions: Box<[AtomicU64]>,
     slots: usize,
     set_words: usize,
@@ -115,7 +113,6 @@ impl Table {
         Table {
             words,
             first,
-            end: first + slots * stride,
             regions: (0..slots.div_ceil(REGION_SLOTS)).map(|_| AtomicU64::new(0)).collect(),
             slots,
             set_words,
@@ -181,7 +178,7 @@ impl Table {
     /// any, in a loop that does nothing else, so that the memory system
     /// overlaps the misses.
     pub fn warm(&self, start: usize) -> u64 {
-        let end = (start + WARM_SLOTS * self.stride).min(self.end);
+        let end = (start + WARM_SLOTS * self.stride).min(self.base(self.slots));
         let Some(words) = self.words.get(start..end) else { return 0 };
         // A word every line length, and the last: no line of the span is skipped.
         let last = words.last().map_or(0, |word| word.load(Ordering::Relaxed));
