@@ -111,6 +111,16 @@ fn english_text(tokenizer: &kvroute_gateway::tokenizer::Tokenizer, tokens: usize
     text
 }
 
+/// The process's anonymous memory on transparent huge pages, from
+/// `/proc/self/smaps_rollup` (the index's table asks for them).
+fn huge_page_memory() -> String {
+    std::fs::read_to_string("/proc/self/smaps_rollup")
+        .ok()
+        .and_then(|text| text.lines().find(|line| line.starts_with("AnonHugePages:")).map(str::to_owned))
+        .and_then(|line| line.split_whitespace().nth(1).map(|kb| format!("{kb} kB")))
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
 /// Times `runs` single calls and prints mean, p50, p99 and max.
 fn percentiles(label: &str, runs: usize, mut call: impl FnMut()) {
     let mut samples: Vec<Duration> = Vec::with_capacity(runs);
@@ -147,6 +157,7 @@ fn routing(c: &mut Criterion) {
         index.bytes_per_entry_at_cap(),
         started.elapsed().as_secs_f64(),
     );
+    println!("process memory on transparent huge pages: {}", huge_page_memory());
     let check = index.lookup(&prompt, 0);
     assert_eq!(check.get(3).gpu_blocks as usize, PROMPT_BLOCKS);
     assert_eq!(check.get(17).host_blocks as usize, PROMPT_BLOCKS - 50);

@@ -12,6 +12,7 @@
 
 pub mod approx_radix;
 pub mod churn;
+mod huge_pages;
 pub mod index;
 mod pending;
 pub mod policy;

@@ -13,6 +13,7 @@
 use std::hint::spin_loop;
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
+use super::huge_pages::zeroed_words;
 use super::table::Key;
 use super::{Millis, ReplicaId};
 
@@ -49,11 +50,7 @@ impl PendingTable {
     /// A table of at least `slots` slots (rounded up to a power of two, at least 2).
     pub fn new(slots: usize) -> PendingTable {
         let slots = slots.max(2).next_power_of_two();
-        PendingTable {
-            words: (0..slots * STRIDE).map(|_| AtomicU64::new(0)).collect(),
-            buckets: slots / 2,
-            horizon: AtomicU64::new(0),
-        }
+        PendingTable { words: zeroed_words(slots * STRIDE), buckets: slots / 2, horizon: AtomicU64::new(0) }
     }
 
     pub fn memory_bytes(&self) -> usize {

@@ -36,6 +36,8 @@ use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use kvroute_proto::BlockHash;
 
+use super::huge_pages::zeroed_words;
+
 /// Slots per relocation counter.
 pub(crate) const REGION_SLOTS: usize = 64;
 /// Region-checked probes before a miss is reported unconfirmed.
@@ -106,7 +108,7 @@ impl Table {
     pub fn new(slots: usize, set_words: usize) -> Table {
         let slots = slots.max(2);
         let stride = TAG_WORDS + 3 * set_words;
-        let words: Box<[AtomicU64]> = (0..slots * stride + LINE_WORDS - 1).map(|_| AtomicU64::new(0)).collect();
+        let words = zeroed_words(slots * stride + LINE_WORDS - 1);
         let word_bytes = std::mem::size_of::<AtomicU64>();
         let misaligned = (words.as_ptr().addr() / word_bytes) % LINE_WORDS;
         let first = (LINE_WORDS - misaligned) % LINE_WORDS;
