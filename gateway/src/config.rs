@@ -52,8 +52,8 @@ pub struct ServeArgs {
     /// DEADLINE_EXCEEDED).
     #[arg(long, default_value_t = 30_000)]
     pub body_read_timeout_ms: u64,
-    /// Block hashes kept in the prefix index. Its table is sized for this cap at start (about 46 bytes per
-    /// entry with up to 64 replicas) and asks for transparent huge pages, so it is resident early.
+    /// Block hashes kept in the prefix index. Its table is allocated for this cap at start: about 46 bytes
+    /// per entry with up to 64 replicas.
     #[arg(long, default_value_t = IndexConfig::default().max_entries)]
     pub index_max_entries: usize,
     /// A replica whose event stream is quiet this long is unhealthy (milliseconds).

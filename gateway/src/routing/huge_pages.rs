@@ -6,44 +6,44 @@
 //! cold lookup misses the TLB as well as the cache, and the page walk adds to
 //! the miss the lookup waits on. On 2 MiB pages the whole table is about 23
 //! TLB entries. Linux's default THP mode on many distributions is `madvise`:
-//! a region gets huge pages only when asked, before it is first touched.
+//! a region gets huge pages at its page faults only when asked before them.
 //! Elsewhere, or when the kernel has none to give, the words are ordinary
 //! memory and only the speed differs.
 
 use std::sync::atomic::AtomicU64;
 
-/// Regions smaller than this gain nothing from huge pages.
+/// The huge page size on x86-64 and most arm64 kernels; smaller regions are not advised.
 const HUGE_PAGE_BYTES: usize = 2 << 20;
 
-/// `len` zeroed words, advised onto huge pages when they span at least one.
+/// `len` zeroed words, advised onto huge pages when they cover at least one
+/// aligned huge page.
 pub(crate) fn zeroed_words(len: usize) -> Box<[AtomicU64]> {
-    // `vec![0; n]` allocates zeroed memory (calloc, fresh pages for a large
-    // region) without writing it, so the advice comes before the first touch.
-    let zeros = vec![0u64; len];
-    if len * std::mem::size_of::<u64>() >= HUGE_PAGE_BYTES {
-        advise_huge_pages(&zeros);
-    }
-    // Collecting a mapped `Vec` of a same-sized type reuses its allocation.
-    zeros.into_iter().map(AtomicU64::new).collect()
+    let mut words: Vec<AtomicU64> = Vec::with_capacity(len);
+    advise_huge_pages(words.as_ptr().addr(), words.capacity() * std::mem::size_of::<AtomicU64>());
+    // The first touch of every page is this write, after the advice: a read
+    // first would map the shared zero page, which older kernels split into
+    // small pages at the write that follows.
+    words.resize_with(len, || AtomicU64::new(0));
+    words.into_boxed_slice()
 }
 
+/// Advises the whole huge pages inside `bytes` bytes from address `start`.
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
-fn advise_huge_pages(words: &[u64]) {
-    let page = 4096;
-    let start = words.as_ptr().addr().next_multiple_of(page);
-    let end = (words.as_ptr().addr() + std::mem::size_of_val(words)) / page * page;
-    if end <= start {
+fn advise_huge_pages(start: usize, bytes: usize) {
+    let first = start.next_multiple_of(HUGE_PAGE_BYTES);
+    let end = start.saturating_add(bytes) / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
+    if end <= first {
         return;
     }
-    // SAFETY: the range lies inside `words`, memory this process owns, and
+    // SAFETY: `[first, end)` lies inside the allocation the caller owns, and
     // MADV_HUGEPAGE is advice only: it changes how the kernel backs the pages,
     // never their contents, and failure (no THP support) leaves them as they were.
-    let _ = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+    let _ = unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE) };
 }
 
 #[cfg(not(target_os = "linux"))]
-fn advise_huge_pages(_words: &[u64]) {}
+fn advise_huge_pages(_start: usize, _bytes: usize) {}
 
 #[cfg(test)]
 mod tests {
@@ -53,7 +53,8 @@ mod tests {
 
     #[test]
     fn words_are_zeroed_at_every_size() {
-        for len in [0, 1, 7, HUGE_PAGE_BYTES / 8 + 3] {
+        // The last size covers at least one aligned huge page wherever it starts.
+        for len in [0, 1, 7, 2 * HUGE_PAGE_BYTES / 8 + 3] {
             let words = zeroed_words(len);
             assert_eq!(words.len(), len);
             assert!(words.iter().all(|word| word.load(Ordering::Relaxed) == 0));
