@@ -114,9 +114,7 @@ async fn subscribe_once(pool: &Pool, replica: &Replica) -> Ended {
         metrics::record_replica_health(&replica.endpoint, healthy);
         replica.update(|state| {
             state.healthy = healthy;
-            state.load = batch.load;
-            state.sent_since_batch = 0;
-            state.sent_tokens_since_batch = 0;
+            state.note_batch(batch.load);
             state.last_seen = Some(Instant::now());
         });
     }
