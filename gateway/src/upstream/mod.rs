@@ -79,13 +79,10 @@ pub struct ReplicaState {
     pub refused: Option<String>,
     pub resubscriptions: u64,
     /// Requests this gateway sent that the replica has not yet accepted, and their prompt tokens not
-    /// expected from a cache: the replica's batches cannot show them yet.
+    /// expected from a cache: no batch can show them yet.
     pub sending: Unreported,
-    /// Requests the replica accepted, with no batch processed since.
-    pub accepted_unbatched: Unreported,
-    /// Requests the replica accepted, with one batch processed since: that batch may have been published
-    /// before the acceptance (it and the Generate answer race), the next one shows them.
-    pub accepted_one_batch: Unreported,
+    /// Requests the replica accepted since its last event batch: the next batch shows them.
+    pub accepted_since_batch: Unreported,
 }
 
 /// Requests, and their prompt tokens not expected from a cache, that a replica's reported load leaves out.
@@ -108,17 +105,15 @@ impl Unreported {
 }
 
 impl ReplicaState {
-    /// Load this gateway sent that the replica's last batch may not show. A request counts from the moment
-    /// it is sent: until the replica accepts it (its engine has it), and then until the second batch the
-    /// gateway processes after that, the first one that was surely published after the acceptance. A
-    /// recently accepted request may so count twice for a batch, never zero times: resetting at every
-    /// batch instead lost the requests in flight while a batch published before their arrival was on
-    /// its way.
+    /// Load this gateway sent that the replica's last batch does not show. A request counts from the
+    /// moment it is sent: until the replica accepts it (its engine has it, so batches published after
+    /// that show it) and then until the next batch arrives. Resetting at every batch instead would lose
+    /// the requests in flight while a batch published before their arrival was on its way.
     pub fn unreported(&self) -> Unreported {
-        [self.accepted_unbatched, self.accepted_one_batch].iter().fold(self.sending, |sum, part| Unreported {
-            requests: sum.requests.saturating_add(part.requests),
-            tokens: sum.tokens.saturating_add(part.tokens),
-        })
+        Unreported {
+            requests: self.sending.requests.saturating_add(self.accepted_since_batch.requests),
+            tokens: self.sending.tokens.saturating_add(self.accepted_since_batch.tokens),
+        }
     }
 
     pub fn note_sending(&mut self, tokens: u64) {
@@ -128,7 +123,7 @@ impl ReplicaState {
     /// The replica accepted a request noted as sending.
     pub fn note_accepted(&mut self, tokens: u64) {
         self.sending.remove(tokens);
-        self.accepted_unbatched.add(tokens);
+        self.accepted_since_batch.add(tokens);
     }
 
     /// A request noted as sending failed or timed out before the replica accepted it.
@@ -136,10 +131,10 @@ impl ReplicaState {
         self.sending.remove(tokens);
     }
 
-    /// An event batch arrived with the replica's load.
+    /// An event batch arrived with the replica's load: it shows every request accepted before it.
     pub fn note_batch(&mut self, load: LoadStats) {
         self.load = load;
-        self.accepted_one_batch = std::mem::take(&mut self.accepted_unbatched);
+        self.accepted_since_batch = Unreported::default();
     }
 }
 
@@ -195,7 +190,6 @@ impl Replica {
     /// Counts a request as load on this replica until its batches show it ([`ReplicaState::unreported`]).
     /// Call [`InFlight::accepted`] when the replica accepts it; dropping the guard before that takes the
     /// request back.
-    #[must_use = "dropping the guard takes the request back at once"]
     pub fn send(self: &Arc<Self>, uncached_tokens: u64) -> InFlight {
         self.update(|state| state.note_sending(uncached_tokens));
         InFlight { replica: self.clone(), tokens: uncached_tokens, accepted: false }
@@ -366,7 +360,7 @@ mod tests {
     }
 
     #[test]
-    fn a_request_stays_counted_until_the_second_batch_after_its_acceptance() {
+    fn a_request_stays_counted_until_a_batch_after_its_acceptance() {
         let mut state = ReplicaState::default();
         state.note_sending(100);
         // A batch published before the replica had the request arrives: the request still counts.
@@ -374,10 +368,7 @@ mod tests {
         assert_eq!(state.unreported(), Unreported { requests: 1, tokens: 100 });
         state.note_accepted(100);
         assert_eq!(state.unreported(), Unreported { requests: 1, tokens: 100 });
-        // The first batch after the acceptance may have been published before it: still counted.
-        state.note_batch(load(0));
-        assert_eq!(state.unreported(), Unreported { requests: 1, tokens: 100 });
-        // The second was published after it and shows it in the replica's own load.
+        // The next batch shows it in the replica's own load.
         state.note_batch(load(1));
         assert_eq!(state.unreported(), Unreported::default());
         assert_eq!(state.load.waiting_requests, 1);
@@ -391,15 +382,10 @@ mod tests {
         state.note_abandoned(10);
         assert_eq!(state.unreported(), Unreported { requests: 1, tokens: 20 });
         state.note_accepted(20);
-        state.note_batch(load(1));
         state.note_sending(5);
-        state.note_accepted(5);
-        state.note_sending(1);
-        assert_eq!(state.unreported(), Unreported { requests: 3, tokens: 26 });
-        state.note_batch(load(2));
-        assert_eq!(state.unreported(), Unreported { requests: 2, tokens: 6 });
-        state.note_batch(load(2));
-        assert_eq!(state.unreported(), Unreported { requests: 1, tokens: 1 });
+        assert_eq!(state.unreported(), Unreported { requests: 2, tokens: 25 });
+        state.note_batch(load(1));
+        assert_eq!(state.unreported(), Unreported { requests: 1, tokens: 5 });
     }
 
     #[tokio::test]
@@ -417,12 +403,8 @@ mod tests {
         assert_eq!(replica.state().unreported(), Unreported { requests: 2, tokens: 10 });
         drop(first);
         assert_eq!(replica.state().unreported(), Unreported { requests: 1, tokens: 3 });
-        let third = replica.send(5);
-        // Accepting consumes the guard: its drop must not take the request back as well.
         second.accepted();
-        assert_eq!(replica.state().accepted_unbatched, Unreported { requests: 1, tokens: 3 });
-        assert_eq!(replica.state().sending, Unreported { requests: 1, tokens: 5 });
-        drop(third);
-        assert_eq!(replica.state().unreported(), Unreported { requests: 1, tokens: 3 });
+        assert_eq!(replica.state().accepted_since_batch, Unreported { requests: 1, tokens: 3 });
+        assert_eq!(replica.state().sending, Unreported::default());
     }
 }
