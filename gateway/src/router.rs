@@ -81,12 +81,11 @@ impl Router {
             .iter()
             .filter_map(|replica| {
                 let state = replica.state();
-                // What this gateway sent that the last batch does not show yet.
-                let unreported = state.unreported();
                 let info = state.info?;
                 let mut load = state.load;
-                load.waiting_requests = load.waiting_requests.saturating_add(unreported.requests);
-                load.queued_prefill_tokens = load.queued_prefill_tokens.saturating_add(unreported.tokens);
+                // What this gateway sent since the last batch is not in it yet.
+                load.waiting_requests = load.waiting_requests.saturating_add(state.sent_since_batch);
+                load.queued_prefill_tokens = load.queued_prefill_tokens.saturating_add(state.sent_tokens_since_batch);
                 Some(ReplicaView {
                     id: replica.id,
                     healthy: state.healthy,

@@ -268,8 +268,8 @@ impl Gateway {
         })
     }
 
-    /// Calls one replica, counting the request's `uncached_tokens` as load there until its event batches
-    /// show it, and waits for its first message.
+    /// Calls one replica, counting the request's `uncached_tokens` as load there until its next event
+    /// batch, and waits for its first message.
     async fn start_on(
         &self,
         replica: ReplicaId,
@@ -279,13 +279,10 @@ impl Gateway {
         let Some(handle) = self.pool.get(replica) else {
             return Err(ServiceError::NoReplica("the replica left".into()));
         };
-        let in_flight = handle.send(uncached_tokens);
+        handle.note_sent(uncached_tokens);
         let mut client = handle.client.clone();
         let call = async {
-            // The agent answers the call once its engine holds the request.
-            let response = client.generate(pb::AgentGenerateRequest::from(request.clone())).await?;
-            in_flight.accepted();
-            let mut upstream = response.into_inner();
+            let mut upstream = client.generate(pb::AgentGenerateRequest::from(request.clone())).await?.into_inner();
             match upstream.message().await? {
                 Some(first) => Ok((first, upstream)),
                 None => Err(tonic::Status::unavailable("the replica closed the stream before the first token")),

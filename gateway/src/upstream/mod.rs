@@ -78,89 +78,10 @@ pub struct ReplicaState {
     /// Why the replica was refused (mismatched model or block size).
     pub refused: Option<String>,
     pub resubscriptions: u64,
-    /// Requests this gateway sent that the replica has not yet accepted, and their prompt tokens not
-    /// expected from a cache: no batch can show them yet.
-    pub sending: Unreported,
-    /// Requests the replica accepted since its last event batch: the next batch shows them.
-    pub accepted_since_batch: Unreported,
-}
-
-/// Requests, and their prompt tokens not expected from a cache, that a replica's reported load leaves out.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Unreported {
-    pub requests: u32,
-    pub tokens: u64,
-}
-
-impl Unreported {
-    fn add(&mut self, tokens: u64) {
-        self.requests = self.requests.saturating_add(1);
-        self.tokens = self.tokens.saturating_add(tokens);
-    }
-
-    fn remove(&mut self, tokens: u64) {
-        self.requests = self.requests.saturating_sub(1);
-        self.tokens = self.tokens.saturating_sub(tokens);
-    }
-}
-
-impl ReplicaState {
-    /// Load this gateway sent that the replica's last batch does not show. A request counts from the
-    /// moment it is sent: until the replica accepts it (its engine has it, so batches published after
-    /// that show it) and then until the next batch arrives. Resetting at every batch instead would lose
-    /// the requests in flight while a batch published before their arrival was on its way.
-    pub fn unreported(&self) -> Unreported {
-        Unreported {
-            requests: self.sending.requests.saturating_add(self.accepted_since_batch.requests),
-            tokens: self.sending.tokens.saturating_add(self.accepted_since_batch.tokens),
-        }
-    }
-
-    pub fn note_sending(&mut self, tokens: u64) {
-        self.sending.add(tokens);
-    }
-
-    /// The replica accepted a request noted as sending.
-    pub fn note_accepted(&mut self, tokens: u64) {
-        self.sending.remove(tokens);
-        self.accepted_since_batch.add(tokens);
-    }
-
-    /// A request noted as sending failed or timed out before the replica accepted it.
-    pub fn note_abandoned(&mut self, tokens: u64) {
-        self.sending.remove(tokens);
-    }
-
-    /// An event batch arrived with the replica's load: it shows every request accepted before it.
-    pub fn note_batch(&mut self, load: LoadStats) {
-        self.load = load;
-        self.accepted_since_batch = Unreported::default();
-    }
-}
-
-/// A request sent to a replica that has not accepted it yet (see [`Replica::send`]).
-#[derive(Debug)]
-pub struct InFlight {
-    replica: Arc<Replica>,
-    tokens: u64,
-    accepted: bool,
-}
-
-impl InFlight {
-    pub fn accepted(mut self) {
-        self.accepted = true;
-        let tokens = self.tokens;
-        self.replica.update(|state| state.note_accepted(tokens));
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        if !self.accepted {
-            let tokens = self.tokens;
-            self.replica.update(|state| state.note_abandoned(tokens));
-        }
-    }
+    /// Requests this gateway sent since the replica's last event batch, and their prompt tokens not
+    /// expected from a cache: load the batch does not show yet (reset by each batch).
+    pub sent_since_batch: u32,
+    pub sent_tokens_since_batch: u64,
 }
 
 /// One replica.
@@ -187,12 +108,12 @@ impl Replica {
         self.state.read().map(|state| state.healthy).unwrap_or(false)
     }
 
-    /// Counts a request as load on this replica until its batches show it ([`ReplicaState::unreported`]).
-    /// Call [`InFlight::accepted`] when the replica accepts it; dropping the guard before that takes the
-    /// request back.
-    pub fn send(self: &Arc<Self>, uncached_tokens: u64) -> InFlight {
-        self.update(|state| state.note_sending(uncached_tokens));
-        InFlight { replica: self.clone(), tokens: uncached_tokens, accepted: false }
+    /// Records a request sent to this replica (see [`ReplicaState::sent_since_batch`]).
+    pub fn note_sent(&self, uncached_tokens: u64) {
+        self.update(|state| {
+            state.sent_since_batch = state.sent_since_batch.saturating_add(1);
+            state.sent_tokens_since_batch = state.sent_tokens_since_batch.saturating_add(uncached_tokens);
+        });
     }
 
     fn update(&self, change: impl FnOnce(&mut ReplicaState)) {
@@ -348,63 +269,5 @@ impl Pool {
                 Ok(())
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn load(waiting: u32) -> LoadStats {
-        LoadStats { waiting_requests: waiting, ..LoadStats::default() }
-    }
-
-    #[test]
-    fn a_request_stays_counted_until_a_batch_after_its_acceptance() {
-        let mut state = ReplicaState::default();
-        state.note_sending(100);
-        // A batch published before the replica had the request arrives: the request still counts.
-        state.note_batch(load(0));
-        assert_eq!(state.unreported(), Unreported { requests: 1, tokens: 100 });
-        state.note_accepted(100);
-        assert_eq!(state.unreported(), Unreported { requests: 1, tokens: 100 });
-        // The next batch shows it in the replica's own load.
-        state.note_batch(load(1));
-        assert_eq!(state.unreported(), Unreported::default());
-        assert_eq!(state.load.waiting_requests, 1);
-    }
-
-    #[test]
-    fn an_abandoned_request_stops_counting_and_others_keep_theirs() {
-        let mut state = ReplicaState::default();
-        state.note_sending(10);
-        state.note_sending(20);
-        state.note_abandoned(10);
-        assert_eq!(state.unreported(), Unreported { requests: 1, tokens: 20 });
-        state.note_accepted(20);
-        state.note_sending(5);
-        assert_eq!(state.unreported(), Unreported { requests: 2, tokens: 25 });
-        state.note_batch(load(1));
-        assert_eq!(state.unreported(), Unreported { requests: 1, tokens: 5 });
-    }
-
-    #[tokio::test]
-    async fn dropping_an_unaccepted_send_takes_it_back() {
-        let endpoint = Endpoint::from_static("http://127.0.0.1:9").connect_lazy();
-        let replica = Arc::new(Replica {
-            id: 0,
-            endpoint: "127.0.0.1:9".into(),
-            client: AgentClient::new(endpoint),
-            state: RwLock::new(ReplicaState::default()),
-            task: std::sync::Mutex::new(None),
-        });
-        let first = replica.send(7);
-        let second = replica.send(3);
-        assert_eq!(replica.state().unreported(), Unreported { requests: 2, tokens: 10 });
-        drop(first);
-        assert_eq!(replica.state().unreported(), Unreported { requests: 1, tokens: 3 });
-        second.accepted();
-        assert_eq!(replica.state().accepted_since_batch, Unreported { requests: 1, tokens: 3 });
-        assert_eq!(replica.state().sending, Unreported::default());
     }
 }

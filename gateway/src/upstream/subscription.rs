@@ -114,7 +114,9 @@ async fn subscribe_once(pool: &Pool, replica: &Replica) -> Ended {
         metrics::record_replica_health(&replica.endpoint, healthy);
         replica.update(|state| {
             state.healthy = healthy;
-            state.note_batch(batch.load);
+            state.load = batch.load;
+            state.sent_since_batch = 0;
+            state.sent_tokens_since_batch = 0;
             state.last_seen = Some(Instant::now());
         });
     }
