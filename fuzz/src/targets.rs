@@ -238,6 +238,8 @@ fn sample_batch(epoch: u64, seq: u64, events: Vec<KvEvent>) -> KvEventBatch {
         events,
         load: LoadStats { kv_blocks_total: 512, prefill_tokens_per_second: 2000.0, ..LoadStats::default() },
         sent_unix_micros: 1,
+        finished_request_ids: Vec::new(),
+        next_request_id: seq,
     }
 }
 

@@ -90,6 +90,7 @@ fn views() -> Vec<ReplicaView> {
                 network_tier_up: true,
                 draining: false,
                 queue_capacity: 256,
+                ..LoadStats::default()
             },
             block_size: 16,
             bytes_per_block: 2 << 20,

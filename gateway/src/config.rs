@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::routing::index::MAX_REPLICAS;
 use crate::routing::{IndexConfig, PolicyKind};
 use crate::service::ServiceConfig;
 
@@ -23,7 +24,10 @@ pub struct ServeArgs {
     /// A DNS name:port re-resolved periodically (e.g. a Kubernetes headless service).
     #[arg(long)]
     pub agents_dns: Option<String>,
-    /// Seconds between DNS re-resolutions.
+    /// A file of node-agent addresses (`host:port` per line, `#` comments) re-read periodically.
+    #[arg(long)]
+    pub agents_file: Option<PathBuf>,
+    /// Seconds between DNS re-resolutions (and re-reads of --agents-file).
     #[arg(long, default_value_t = 5)]
     pub dns_interval_secs: u64,
     /// Served model id; default: the first replica's.
@@ -52,10 +56,13 @@ pub struct ServeArgs {
     /// DEADLINE_EXCEEDED).
     #[arg(long, default_value_t = 30_000)]
     pub body_read_timeout_ms: u64,
-    /// Block hashes kept in the prefix index. Its table is allocated for this cap at start: about 46 bytes
-    /// per entry with up to 64 replicas.
+    /// Block hashes kept in the prefix index. Its table is allocated for this cap at start: about
+    /// 12 + 34 x ceil(R / 64) bytes per entry for R = --index-max-replicas (149 bytes at the default 256).
     #[arg(long, default_value_t = IndexConfig::default().max_entries)]
     pub index_max_entries: usize,
+    /// Replicas the gateway tracks at once (their ids are reused as replicas come and go).
+    #[arg(long, default_value_t = IndexConfig::default().max_replicas, value_parser = parse_max_replicas)]
+    pub index_max_replicas: usize,
     /// A replica whose event stream is quiet this long is unhealthy (milliseconds).
     #[arg(long, default_value_t = 2000)]
     pub heartbeat_timeout_ms: u64,
@@ -91,6 +98,13 @@ pub struct ServeArgs {
     pub check_config: bool,
 }
 
+fn parse_max_replicas(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(count) if (1..=MAX_REPLICAS).contains(&count) => Ok(count),
+        _ => Err(format!("must be a whole number from 1 to {MAX_REPLICAS}")),
+    }
+}
+
 fn parse_policy(name: &str) -> Result<PolicyKind, String> {
     PolicyKind::from_name(name)
         .ok_or_else(|| format!("unknown policy {name:?}; one of {}", PolicyKind::names().join(", ")))
@@ -98,8 +112,8 @@ fn parse_policy(name: &str) -> Result<PolicyKind, String> {
 
 impl ServeArgs {
     pub fn validate(&self) -> Result<(), String> {
-        if self.agents.is_empty() && self.agents_dns.is_none() {
-            return Err("give --agents host:port[,host:port...] or --agents-dns name:port".into());
+        if self.agents.is_empty() && self.agents_dns.is_none() && self.agents_file.is_none() {
+            return Err("give --agents host:port[,host:port...], --agents-dns name:port or --agents-file PATH".into());
         }
         if self.max_attempts == 0
             || self.heartbeat_timeout_ms == 0

@@ -1,6 +1,9 @@
 //! Every metric the gateway exports, declared in one place with typed record
 //! functions. Labels are bounded: route, status class, reason, and the replica
 //! endpoint (one per agent); never prompt text, keys or tenant names.
+//!
+//! Per-replica gauges are not kept in the recorder: [`render`] writes them at each scrape from the replicas
+//! known then, so the series of a removed replica disappear with it.
 
 use std::time::Duration;
 
@@ -25,6 +28,9 @@ pub const INDEX_BYTES: &str = "kvroute_gateway_index_bytes";
 pub const EVENTS: &str = "kvroute_gateway_kv_events_total";
 pub const EVENT_INGEST: &str = "kvroute_gateway_event_ingest_seconds";
 pub const EVENT_LAG: &str = "kvroute_gateway_event_lag_seconds";
+pub const EVENT_BATCHES: &str = "kvroute_gateway_event_batches_total";
+pub const REPLICA_STEP_SECONDS: &str = "kvroute_gateway_replica_step_seconds";
+pub const REPLICA_IN_FLIGHT: &str = "kvroute_gateway_replica_requests_in_flight";
 pub const RESUBSCRIPTIONS: &str = "kvroute_gateway_resubscriptions_total";
 pub const REFUSED_REPLICAS: &str = "kvroute_gateway_replicas_refused_total";
 pub const RETRIES: &str = "kvroute_gateway_retries_total";
@@ -49,15 +55,11 @@ fn describe() {
     describe_counter!(PREDICTED_CACHED, "Prompt tokens the routing decision expected to find cached.");
     describe_counter!(ACTUAL_CACHED, "Prompt tokens the replicas reported as cached.");
     describe_counter!(PROMPT_TOKENS, "Prompt tokens routed.");
-    describe_gauge!(REPLICA_HEALTHY, "1 when the replica is healthy and routable.");
-    describe_gauge!(REPLICA_WAITING, "Requests waiting on the replica.");
-    describe_gauge!(REPLICA_RUNNING, "Requests running on the replica.");
-    describe_gauge!(REPLICA_KV_USAGE, "Fraction of the replica's KV blocks in use.");
-    describe_gauge!(REPLICA_QUEUED_PREFILL, "Prompt tokens queued for prefill on the replica.");
     describe_gauge!(INDEX_ENTRIES, "Block hashes in the prefix index.");
     describe_gauge!(INDEX_BYTES, "Approximate memory of the prefix index.");
     describe_counter!(EVENTS, "KV events ingested from replicas.");
     describe_histogram!(EVENT_INGEST, Unit::Seconds, "Time to apply one event batch to the index.");
+    describe_counter!(EVENT_BATCHES, "Event batches received from replicas (heartbeats included).");
     describe_histogram!(
         EVENT_LAG,
         Unit::Seconds,
@@ -96,16 +98,48 @@ pub fn record_cached(tokens: u32) {
     counter!(ACTUAL_CACHED).increment(u64::from(tokens));
 }
 
-pub fn record_replica_health(endpoint: &str, healthy: bool) {
-    gauge!(REPLICA_HEALTHY, "replica" => endpoint.to_string()).set(if healthy { 1.0 } else { 0.0 });
+/// One replica's gauges at a scrape.
+#[derive(Clone, Debug)]
+pub struct ReplicaGauges {
+    pub endpoint: String,
+    pub healthy: bool,
+    /// The replica's latest report.
+    pub load: LoadStats,
+    /// Requests this gateway has on it (sent and not reported finished).
+    pub in_flight: usize,
 }
 
-pub fn record_replica_load(endpoint: &str, load: &LoadStats) {
-    let replica = endpoint.to_string();
-    gauge!(REPLICA_WAITING, "replica" => replica.clone()).set(f64::from(load.waiting_requests));
-    gauge!(REPLICA_RUNNING, "replica" => replica.clone()).set(f64::from(load.running_requests));
-    gauge!(REPLICA_KV_USAGE, "replica" => replica.clone()).set(load.kv_usage());
-    gauge!(REPLICA_QUEUED_PREFILL, "replica" => replica).set(load.queued_prefill_tokens as f64);
+/// The recorder's metrics, then the per-replica gauges of `replicas`, in Prometheus' text format.
+pub fn render(handle: &PrometheusHandle, replicas: &[ReplicaGauges]) -> String {
+    let mut text = handle.render();
+    type Value = fn(&ReplicaGauges) -> f64;
+    let gauges: [(&str, &str, Value); 7] = [
+        (REPLICA_HEALTHY, "1 when the replica is healthy and routable.", |r| f64::from(u8::from(r.healthy))),
+        (REPLICA_WAITING, "Requests waiting on the replica (its latest report).", |r| {
+            f64::from(r.load.waiting_requests)
+        }),
+        (REPLICA_RUNNING, "Requests running on the replica (its latest report).", |r| {
+            f64::from(r.load.running_requests)
+        }),
+        (REPLICA_KV_USAGE, "Fraction of the replica's KV blocks in use.", |r| r.load.kv_usage()),
+        (REPLICA_QUEUED_PREFILL, "Prompt tokens queued for prefill on the replica.", |r| {
+            r.load.queued_prefill_tokens as f64
+        }),
+        (REPLICA_STEP_SECONDS, "How long the replica's engine step in progress had run at its latest report.", |r| {
+            if r.load.step_in_progress { r.load.step_seconds } else { 0.0 }
+        }),
+        (REPLICA_IN_FLIGHT, "Requests this gateway sent to the replica that it has not reported finished.", |r| {
+            r.in_flight as f64
+        }),
+    ];
+    for (name, help, value) in gauges {
+        text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for replica in replicas {
+            let label = replica.endpoint.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+            text.push_str(&format!("{name}{{replica=\"{label}\"}} {}\n", value(replica)));
+        }
+    }
+    text
 }
 
 pub fn record_index(entries: usize, bytes: usize) {
@@ -125,6 +159,10 @@ pub fn record_event_lag(sent_unix_micros: u64) {
     }
     let now = kvroute_proto::domain::KvEventBatch::now_unix_micros();
     histogram!(EVENT_LAG).record(now.saturating_sub(sent_unix_micros) as f64 / 1e6);
+}
+
+pub fn record_event_batch() {
+    counter!(EVENT_BATCHES).increment(1);
 }
 
 pub fn record_resubscription() {

@@ -1,18 +1,20 @@
 //! Glue between the async shell and the synchronous routing core: feeds the
-//! prefix index from replica events, builds replica views from the pool, and
-//! runs the policy, the repeated-prefix sketch and the churn detector.
+//! prefix index and the load ledger from replica events, builds replica views
+//! from the pool and the ledger, and runs the policy, the repeated-prefix
+//! sketch and the churn detector.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use kvroute_proto::BlockHash;
-use kvroute_proto::domain::{KvEvent, LoadStats};
+use kvroute_proto::domain::KvEventBatch;
 use serde_json::{Value, json};
 
 use crate::metrics;
 use crate::routing::{
-    CandidateScore, ChurnConfig, ChurnDetector, Decision, Exclusion, IndexConfig, LookupResult, Millis, Policy,
-    PrefixIndex, PrefixSketch, ReplicaView, RouteRequest, SketchConfig, SplitMix64, fill_unmeasured_rates,
+    CandidateScore, ChurnConfig, ChurnDetector, Decision, Exclusion, IndexConfig, LoadLedger, LookupResult, Millis,
+    Policy, PrefixIndex, PrefixSketch, ReplicaView, RouteRequest, SendTicket, SketchConfig, SplitMix64,
+    fill_unmeasured_rates,
 };
 use crate::upstream::{IndexSink, Pool, ReplicaId};
 
@@ -33,6 +35,7 @@ pub struct Router {
     rng: Mutex<SplitMix64>,
     sketch: PrefixSketch,
     churn: Mutex<ChurnDetector>,
+    ledger: Mutex<LoadLedger>,
     pending_ttl: Millis,
     origin: Instant,
 }
@@ -51,6 +54,7 @@ impl Router {
             rng: Mutex::new(SplitMix64::new(seed)),
             sketch: PrefixSketch::new(&SketchConfig::default()),
             churn: Mutex::new(ChurnDetector::new(ChurnConfig::default())),
+            ledger: Mutex::new(LoadLedger::new()),
             pending_ttl,
             origin: Instant::now(),
         })
@@ -68,33 +72,53 @@ impl Router {
         self.origin.elapsed().as_millis() as Millis
     }
 
-    /// Replica views for scoring, unmeasured rates filled in
-    /// ([`fill_unmeasured_rates`]).
-    fn views(pool: &Pool) -> Vec<ReplicaView> {
-        let mut views = Self::raw_views(pool);
-        fill_unmeasured_rates(&mut views);
-        views
+    /// The ledger; a panic while it was held cannot leave it inconsistent (every update is one call).
+    fn ledger(&self) -> MutexGuard<'_, LoadLedger> {
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn raw_views(pool: &Pool) -> Vec<ReplicaView> {
-        pool.replicas()
+    /// Counts a request sent to `replica` in its load until its replica's reports count it.
+    pub fn sent_request(&self, replica: ReplicaId, uncached_tokens: u64) -> SendTicket {
+        self.ledger().sent(replica, uncached_tokens)
+    }
+
+    /// The replica accepted the request as `engine_id`.
+    pub fn accepted(&self, ticket: SendTicket, engine_id: u64) {
+        self.ledger().accepted(ticket, engine_id);
+    }
+
+    /// The request failed before the replica accepted it.
+    pub fn abandoned(&self, ticket: SendTicket) {
+        self.ledger().abandoned(ticket);
+    }
+
+    /// Requests this gateway has on `replica` that it has not reported finished.
+    pub fn in_flight(&self, replica: ReplicaId) -> usize {
+        self.ledger().in_flight(replica)
+    }
+
+    /// Replica views for scoring: each replica's load from the ledger (its latest report and the requests
+    /// sent that the report does not count), unmeasured rates filled in ([`fill_unmeasured_rates`]).
+    fn views(&self, pool: &Pool) -> Vec<ReplicaView> {
+        let replicas = pool.replicas();
+        let ledger = self.ledger();
+        let mut views: Vec<ReplicaView> = replicas
             .iter()
             .filter_map(|replica| {
                 let state = replica.state();
                 let info = state.info?;
-                let mut load = state.load;
-                // What this gateway sent since the last batch is not in it yet.
-                load.waiting_requests = load.waiting_requests.saturating_add(state.sent_since_batch);
-                load.queued_prefill_tokens = load.queued_prefill_tokens.saturating_add(state.sent_tokens_since_batch);
                 Some(ReplicaView {
                     id: replica.id,
                     healthy: state.healthy,
-                    load,
+                    load: ledger.load(replica.id),
                     block_size: info.block_size,
                     bytes_per_block: info.kv_geometry.bytes_per_block(info.block_size),
                 })
             })
-            .collect()
+            .collect();
+        drop(ledger);
+        fill_unmeasured_rates(&mut views);
+        views
     }
 
     fn decide(
@@ -129,7 +153,7 @@ impl Router {
         tenant: &str,
         prompt: &[u32],
     ) -> RoutePlan {
-        let views = Self::views(pool);
+        let views = self.views(pool);
         let (decision, _) = self.decide(hashes, prompt_tokens, &views, true);
         self.sketch.observe(hashes);
         metrics::record_repeated_prefix_ratio(self.sketch.ratio());
@@ -163,7 +187,7 @@ impl Router {
 
     /// Each replica's matched blocks per tier, predicted TTFT, and the choice.
     pub fn explain(&self, hashes: &[BlockHash], prompt_tokens: usize, pool: &Pool) -> Value {
-        let views = Self::views(pool);
+        let views = self.views(pool);
         let (decision, _) = self.decide(hashes, prompt_tokens, &views, false);
         let endpoint = |id: ReplicaId| pool.get(id).map(|replica| replica.endpoint.clone()).unwrap_or_default();
         let candidates: Vec<Value> = decision
@@ -202,23 +226,21 @@ impl Router {
 }
 
 impl IndexSink for Router {
-    fn snapshot(&self, replica: ReplicaId, events: &[KvEvent]) {
-        if let Err(error) = self.index.apply_snapshot(replica, events) {
-            tracing::warn!(replica, %error, "cannot apply a snapshot");
+    fn batch(&self, replica: ReplicaId, batch: &KvEventBatch) {
+        let started = Instant::now();
+        if let Err(error) = self.index.apply_batch(replica, batch) {
+            tracing::warn!(replica, %error, "cannot apply an event batch");
         }
-    }
-
-    fn apply(&self, replica: ReplicaId, events: &[KvEvent]) {
-        if let Err(error) = self.index.apply_events(replica, events) {
-            tracing::warn!(replica, %error, "cannot apply events");
-        }
-    }
-
-    fn load(&self, replica: ReplicaId, load: &LoadStats) {
-        let _ = self.index.set_network_tier_up(replica, load.network_tier_up);
+        metrics::record_event_ingest(batch.events.len(), started.elapsed());
+        let (load, next, finished) = (&batch.load, batch.next_request_id, &batch.finished_request_ids);
+        self.ledger().reported(replica, batch.epoch, load, next, finished);
     }
 
     fn forget(&self, replica: ReplicaId) {
         let _ = self.index.remove_replica(replica);
+        self.ledger().forget(replica);
+        if let Ok(mut policy) = self.policy.lock() {
+            policy.forget_replica(replica);
+        }
     }
 }

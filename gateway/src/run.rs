@@ -18,7 +18,8 @@ use crate::routing::{IndexConfig, Policy, ScoringConfig};
 use crate::service::Gateway;
 use crate::tenants::Tenants;
 use crate::tls::IngressTls;
-use crate::upstream::{Expectations, IndexSink, Pool, PoolConfig, discovery};
+use crate::upstream::discovery::{self, Source};
+use crate::upstream::{Expectations, IndexSink, Pool, PoolConfig};
 
 /// Runs the gateway until SIGTERM or Ctrl-C.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -59,7 +60,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None => Tenants::open(),
     };
     let metrics = crate::metrics::install().context("installing the metrics recorder")?;
-    let index = IndexConfig { max_entries: args.index_max_entries, ..IndexConfig::default() };
+    let index = IndexConfig {
+        max_entries: args.index_max_entries,
+        max_replicas: args.index_max_replicas,
+        ..IndexConfig::default()
+    };
     let router = Arc::new(Router::new(
         Policy::new(args.policy, ScoringConfig::default()),
         index,
@@ -72,13 +77,21 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         vocab_size: tokenizer.vocab_size(),
         tokenizer_fingerprint: tokenizer.fingerprint().to_string(),
     };
-    let pool_config = PoolConfig { heartbeat_timeout: args.heartbeat_timeout(), agent_tls, ..PoolConfig::default() };
-    let pool = Pool::new(router.clone() as Arc<dyn IndexSink>, expectations, pool_config);
+    let pool_config = PoolConfig {
+        heartbeat_timeout: args.heartbeat_timeout(),
+        max_replicas: args.index_max_replicas,
+        agent_tls,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(router.clone() as Arc<dyn IndexSink>, expectations, pool_config)
+        .context("starting the index writer")?;
     discovery::add_static(&pool, &args.agents).map_err(anyhow::Error::msg)?;
-    let dns = args.agents_dns.clone().map(|target| {
-        let interval = Duration::from_secs(args.dns_interval_secs.max(1));
-        tokio::spawn(discovery::watch_dns(pool.clone(), target, interval, args.agents.clone()))
-    });
+    let interval = Duration::from_secs(args.dns_interval_secs.max(1));
+    let sources =
+        args.agents_dns.clone().map(Source::Dns).into_iter().chain(args.agents_file.clone().map(Source::File));
+    let watchers: Vec<_> = sources
+        .map(|source| tokio::spawn(discovery::watch(pool.clone(), source, interval, args.agents.clone())))
+        .collect();
     let gateway = Arc::new(Gateway {
         tokenizer: tokenizer.clone(),
         pool: pool.clone(),
@@ -148,8 +161,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if finished.is_err() {
         tracing::warn!("grace period over; closing the remaining streams");
     }
-    if let Some(dns) = dns {
-        dns.abort();
+    for watcher in watchers {
+        watcher.abort();
     }
     pool.shutdown();
     Ok(())

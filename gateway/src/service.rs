@@ -177,6 +177,23 @@ impl Gateway {
         self.pool.model_id()
     }
 
+    /// Every replica's gauges, for a scrape.
+    pub fn replica_gauges(&self) -> Vec<metrics::ReplicaGauges> {
+        self.pool
+            .replicas()
+            .iter()
+            .map(|replica| {
+                let state = replica.state();
+                metrics::ReplicaGauges {
+                    endpoint: replica.endpoint.clone(),
+                    healthy: state.healthy,
+                    load: state.load,
+                    in_flight: self.router.in_flight(replica.id),
+                }
+            })
+            .collect()
+    }
+
     /// Checks the `model` field of a request.
     pub fn check_model(&self, requested: Option<&str>) -> Result<String, ServiceError> {
         let served = self.model_id().ok_or_else(|| ServiceError::NoReplica("no replica is ready yet".into()))?;
@@ -236,7 +253,7 @@ impl Gateway {
                 metrics::record_retry();
             }
             // Counted before the first token comes back: requests routed during this one's prefill see its
-            // blocks as pending here and its work in this replica's queue.
+            // blocks as pending here and its work in this replica's load.
             self.router.sent(candidate, &hashes);
             let cached = if attempt == 0 { plan.predicted_cached_tokens } else { 0 };
             let uncached = spec.prompt.len().saturating_sub(cached) as u64;
@@ -268,8 +285,8 @@ impl Gateway {
         })
     }
 
-    /// Calls one replica, counting the request's `uncached_tokens` as load there until its next event
-    /// batch, and waits for its first message.
+    /// Calls one replica, counting the request's `uncached_tokens` in that replica's load (see
+    /// [`crate::routing::load`]), and waits for its first token.
     async fn start_on(
         &self,
         replica: ReplicaId,
@@ -279,14 +296,20 @@ impl Gateway {
         let Some(handle) = self.pool.get(replica) else {
             return Err(ServiceError::NoReplica("the replica left".into()));
         };
-        handle.note_sent(uncached_tokens);
+        // Dropped unaccepted (failed, timed out, or the caller went away): no longer counted.
+        let mut sent =
+            Unaccepted { router: &self.router, ticket: Some(self.router.sent_request(replica, uncached_tokens)) };
         let mut client = handle.client.clone();
         let call = async {
             let mut upstream = client.generate(pb::AgentGenerateRequest::from(request.clone())).await?.into_inner();
-            match upstream.message().await? {
-                Some(first) => Ok((first, upstream)),
-                None => Err(tonic::Status::unavailable("the replica closed the stream before the first token")),
+            let closed = || tonic::Status::unavailable("the replica closed the stream before the first token");
+            let mut first = upstream.message().await?.ok_or_else(closed)?;
+            if first.token_ids.is_empty() && first.usage.is_none() {
+                // The acknowledgement: the engine accepted the request under this id; tokens follow.
+                sent.accepted(first.engine_request_id);
+                first = upstream.message().await?.ok_or_else(closed)?;
             }
+            Ok::<_, tonic::Status>((first, upstream))
         };
         match tokio::time::timeout(self.config.first_token_timeout, call).await {
             Ok(Ok(started)) => Ok(started),
@@ -296,6 +319,28 @@ impl Gateway {
                 _ => ServiceError::NoReplica(status.message().to_string()),
             }),
             Err(_) => Err(ServiceError::NoReplica("the replica did not answer in time".into())),
+        }
+    }
+}
+
+/// A request sent to a replica and not accepted yet; dropped so, it stops counting in the replica's load.
+struct Unaccepted<'a> {
+    router: &'a Router,
+    ticket: Option<crate::routing::SendTicket>,
+}
+
+impl Unaccepted<'_> {
+    fn accepted(&mut self, engine_id: u64) {
+        if let Some(ticket) = self.ticket.take() {
+            self.router.accepted(ticket, engine_id);
+        }
+    }
+}
+
+impl Drop for Unaccepted<'_> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            self.router.abandoned(ticket);
         }
     }
 }

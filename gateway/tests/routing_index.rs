@@ -157,6 +157,8 @@ fn apply_batch_honours_snapshot_and_network_flag() {
         events,
         load: LoadStats { network_tier_up, ..LoadStats::default() },
         sent_unix_micros: 0,
+        finished_request_ids: Vec::new(),
+        next_request_id: 0,
     };
     index.apply_batch(0, &batch(false, vec![stored(Tier::Gpu, &a[..1]), stored(Tier::Network, &a)], true)).unwrap();
     assert_eq!(index.lookup(&a, 0).get(0), runs(1, 0, 3));
@@ -278,11 +280,15 @@ fn replica_ids_past_the_configured_range_are_refused() {
 }
 
 #[test]
-fn memory_per_entry_is_under_64_bytes_at_the_cap() {
-    let index = PrefixIndex::new(IndexConfig { max_entries: 1_000_000, ..IndexConfig::default() }).unwrap();
-    let per_entry = index.bytes_per_entry_at_cap();
-    println!("index memory per entry at the cap: {per_entry:.1} bytes ({} bytes per slot)", index.stats().slot_bytes);
-    assert!(per_entry < 64.0, "{per_entry}");
+fn memory_per_entry_at_the_cap_is_under_64_bytes_up_to_64_replicas_and_150_up_to_256() {
+    for (max_replicas, bound) in [(64, 64.0), (256, 150.0)] {
+        let config = IndexConfig { max_entries: 1_000_000, max_replicas, ..IndexConfig::default() };
+        let index = PrefixIndex::new(config).unwrap();
+        let per_entry = index.bytes_per_entry_at_cap();
+        let slot = index.stats().slot_bytes;
+        println!("{max_replicas} replicas: index memory per entry at the cap {per_entry:.1} bytes ({slot} per slot)");
+        assert!(per_entry < bound, "{max_replicas} replicas: {per_entry}");
+    }
 }
 
 #[test]

@@ -75,6 +75,7 @@ fn views(states: &[State]) -> (Vec<ReplicaView>, LookupResult) {
                 network_tier_up: state.network_up,
                 draining: state.draining,
                 queue_capacity: state.queue_capacity,
+                ..LoadStats::default()
             },
             block_size: 16,
             bytes_per_block: BLOCK_BYTES,

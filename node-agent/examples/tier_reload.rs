@@ -130,7 +130,7 @@ async fn ttft(agent: &mut Agent, prompt: &[u32], prefetch: bool) -> (Duration, u
     let prefetched = if prefetch {
         let hashes = BlockHasher::new(BLOCK_SIZE as u32, agent.engine.executor().model_id(), b"").hashes(prompt);
         let first = agent.engine.resident_blocks(&hashes);
-        Prefetched { first_block: first, blocks: agent.network.fetch_run(&hashes[first..]).await }
+        Prefetched { first_block: first, blocks: agent.network.fetch_run(&hashes[first..]).await, hold: None }
     } else {
         Prefetched::default()
     };

@@ -69,7 +69,7 @@ pub struct ServeArgs {
     pub max_waiting: usize,
     /// New requests are refused (RESOURCE_EXHAUSTED, which gateways answer with 429 when every replica
     /// refuses) while a queued request has waited longer than this many milliseconds; 0 turns it off.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = EngineConfig::default().max_queue_delay.map_or(0, |delay| delay.as_millis() as u64))]
     pub max_queue_delay_ms: u64,
     /// Fraction of the pool kept free at admission for decode growth.
     #[arg(long, default_value_t = EngineConfig::default().watermark)]
@@ -102,6 +102,14 @@ pub struct ServeArgs {
     /// Upper bound on one Redis round trip, in milliseconds.
     #[arg(long, default_value_t = 500)]
     pub redis_timeout_ms: u64,
+    /// Bytes of blocks fetched from Redis that requests waiting for admission may hold at once (e.g. 256MiB);
+    /// past it, the rest of a prompt is recomputed instead of fetched.
+    #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
+    pub prefetch_budget_bytes: u64,
+    /// Threads of the async runtime that serves gRPC and metrics (default: the cores this process may
+    /// use). The engine and the event publisher have threads of their own.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub worker_threads: Option<u32>,
     /// PEM certificate chain of the gRPC listener; with `--tls-key`, it speaks TLS only.
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,

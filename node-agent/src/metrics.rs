@@ -22,6 +22,8 @@ pub const REQUESTS_WAITING: &str = "kvroute_agent_requests_waiting";
 pub const REQUESTS_RUNNING: &str = "kvroute_agent_requests_running";
 pub const REQUESTS_FINISHED: &str = "kvroute_agent_requests_finished_total";
 pub const REQUESTS_REJECTED: &str = "kvroute_agent_requests_rejected_total";
+pub const REQUESTS_CANCELLED: &str = "kvroute_agent_requests_cancelled_total";
+pub const PREFETCH_BYTES_HELD: &str = "kvroute_agent_prefetch_bytes_held";
 pub const PREFILL_TOKENS_PER_SECOND: &str = "kvroute_agent_prefill_tokens_per_second";
 pub const DECODE_STEP_SECONDS: &str = "kvroute_agent_decode_step_seconds";
 
@@ -47,6 +49,15 @@ fn describe() {
     describe_gauge!(REQUESTS_RUNNING, "Requests in the running batch.");
     describe_counter!(REQUESTS_FINISHED, "Requests that finished or were dropped by their client.");
     describe_counter!(REQUESTS_REJECTED, "Requests refused at submission, by reason.");
+    describe_counter!(
+        REQUESTS_CANCELLED,
+        "Requests dropped before finishing because their caller went away (disconnected, cancelled, or a retry \
+         abandoned them)."
+    );
+    describe_gauge!(
+        PREFETCH_BYTES_HELD,
+        "Bytes of network-tier blocks fetched for requests not yet admitted (bounded by --prefetch-budget-bytes)."
+    );
     describe_gauge!(
         PREFILL_TOKENS_PER_SECOND,
         "Marginal prefill throughput: prompt tokens per second of step time beyond a decode-only step (moving average)."
@@ -68,10 +79,15 @@ pub fn record_engine<E: Executor>(engine: &Engine<E>) {
     counter!(PREEMPTIONS, "mode" => "recompute").absolute(stats.preemptions_recompute);
     counter!(PREEMPTIONS, "mode" => "swap").absolute(stats.preemptions_swap);
     counter!(REQUESTS_FINISHED).absolute(stats.requests_finished);
+    counter!(REQUESTS_CANCELLED).absolute(stats.requests_cancelled);
     gauge!(REQUESTS_WAITING).set(engine.num_waiting() as f64);
     gauge!(REQUESTS_RUNNING).set(engine.num_running() as f64);
     gauge!(PREFILL_TOKENS_PER_SECOND).set(stats.prefill_tokens_per_second);
     gauge!(DECODE_STEP_SECONDS).set(stats.decode_step_seconds);
+}
+
+pub fn record_prefetch_held(bytes: u64) {
+    gauge!(PREFETCH_BYTES_HELD).set(bytes as f64);
 }
 
 pub fn record_rejection(error: &GenerateError) {

@@ -12,7 +12,7 @@ use kvroute_proto::domain::{AgentInfo, Tier, TierInfo};
 use crate::config::ServeArgs;
 use crate::engine::model_executor::ModelExecutor;
 use crate::engine::thread::{EngineHandle, SharedSink, StreamIdentity};
-use crate::engine::tiering::SpillFn;
+use crate::engine::tiering::{PrefetchBudget, SpillFn};
 use crate::engine::{Engine, Tiering};
 use crate::model::{KvStore, Model};
 use crate::server::AgentService;
@@ -35,7 +35,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // Colour only on a terminal: log files and container logs get plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let workers = args.worker_threads.map_or_else(default_worker_threads, |threads| threads as usize);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build()?;
     runtime.block_on(serve(args))
 }
 
@@ -103,8 +104,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let engine = Engine::new(engine_config, ModelExecutor::new(model, kv), eos, Box::new(sink.clone()))
         .with_tiering(Tiering::new(host, spill).with_write_through(args.redis_write_through_hits));
     let engine =
-        EngineHandle::spawn(engine, sink, StreamIdentity { agent_id: agent_id.clone(), epoch }, network.clone());
-    let service = AgentService::new(engine.clone(), info.clone(), network);
+        EngineHandle::spawn(engine, sink, StreamIdentity { agent_id: agent_id.clone(), epoch }, network.clone())
+            .context("starting the engine thread")?;
+    let budget = PrefetchBudget::new(args.prefetch_budget_bytes);
+    let service = AgentService::new(engine.clone(), info.clone(), network, budget);
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     let local = listener.local_addr()?;
@@ -118,9 +121,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         compute_threads,
         "node-agent serving"
     );
+    // Reflection in both versions: grpcurl and most tools speak v1, grpcio-reflection (Python) v1alpha.
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(kvroute_proto::FILE_DESCRIPTOR_SET)
         .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kvroute_proto::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let drain_engine = engine.clone();
     let mut server = tonic::transport::Server::builder();
@@ -130,6 +137,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     server
         .add_service(service.into_server())
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown_signal().await;
             tracing::info!("shutting down: draining");
@@ -138,6 +146,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await?;
     engine.shutdown();
     Ok(())
+}
+
+/// Async workers when `--worker-threads` is not given: one per core this process may use.
+fn default_worker_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
 
 async fn shutdown_signal() {

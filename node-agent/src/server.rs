@@ -1,21 +1,30 @@
 //! The agent's gRPC service (`kvroute.v1.Agent`): a thin async shell that
 //! validates requests and hands them to the engine thread.
+//!
+//! A Generate stream's first message acknowledges the request with the engine's id; tokens follow. The
+//! stream's queue is bounded ([`OUTPUT_QUEUE`]): a caller that does not read holds back its own request's
+//! next token, and a caller that goes away (the stream is dropped: a disconnect, a cancel, a retry that
+//! gave up on this replica) has its request dropped by the engine at its next step.
 
 use std::pin::Pin;
 
 use kvroute_proto::BlockHasher;
 use kvroute_proto::domain::{AgentGenerateRequest, AgentInfo, CacheMode};
 use kvroute_proto::pb;
+use tokio::sync::mpsc;
 use tokio_stream::Stream;
-use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::engine::thread::EngineHandle;
-use crate::engine::tiering::reload_beats_recompute;
-use crate::engine::{GenerateError, Output, Prefetched};
+use crate::engine::tiering::{PrefetchBudget, reload_beats_recompute};
+use crate::engine::{GenerateError, Output, OutputSink, Prefetched};
 use crate::tiers::network::NetworkTier;
 
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// Messages one Generate stream queues for its caller at most.
+pub const OUTPUT_QUEUE: usize = 32;
 
 /// The gRPC service of one agent.
 #[derive(Clone)]
@@ -23,15 +32,22 @@ pub struct AgentService {
     engine: EngineHandle,
     info: AgentInfo,
     network: Option<NetworkTier>,
+    prefetch_budget: PrefetchBudget,
 }
 
 impl AgentService {
-    pub fn new(engine: EngineHandle, info: AgentInfo, network: Option<NetworkTier>) -> AgentService {
-        AgentService { engine, info, network }
+    pub fn new(
+        engine: EngineHandle,
+        info: AgentInfo,
+        network: Option<NetworkTier>,
+        prefetch_budget: PrefetchBudget,
+    ) -> AgentService {
+        AgentService { engine, info, network, prefetch_budget }
     }
 
-    /// Fetches from the network tier the blocks of the prompt that follow what
-    /// the pool and host RAM hold, when reloading beats recomputing.
+    /// Fetches from the network tier the blocks of the prompt that follow what the pool and host RAM hold,
+    /// when reloading beats recomputing, as many as the prefetch budget has room for (the rest is
+    /// recomputed).
     async fn prefetch(&self, request: &AgentGenerateRequest) -> Prefetched {
         let Some(network) = &self.network else { return Prefetched::default() };
         if request.cache_mode == CacheMode::Disabled || !network.is_up() {
@@ -46,8 +62,13 @@ impl AgentService {
         {
             return Prefetched::default();
         }
-        let blocks = network.fetch_run(&hashes[first..]).await;
-        Prefetched { first_block: first, blocks }
+        let block_bytes = self.info.kv_geometry.bytes_per_block(self.info.block_size);
+        let Some((granted, mut hold)) = self.prefetch_budget.hold_up_to(hashes.len() - first, block_bytes) else {
+            return Prefetched::default();
+        };
+        let blocks = network.fetch_run(&hashes[first..first + granted]).await;
+        hold.shrink_to(blocks.len() as u64 * block_bytes);
+        Prefetched { first_block: first, blocks, hold: Some(hold) }
     }
 
     pub fn into_server(self) -> pb::agent_server::AgentServer<AgentService> {
@@ -81,6 +102,30 @@ fn response_of(output: Output) -> pb::AgentGenerateResponse {
         usage,
         finish_reason,
         cached_tokens: output.cached_tokens.unwrap_or(0),
+        engine_request_id: 0,
+    }
+}
+
+/// A Generate stream's end of the engine's outputs.
+struct StreamSink(mpsc::Sender<Result<pb::AgentGenerateResponse, Status>>);
+
+impl OutputSink for StreamSink {
+    fn send(&mut self, output: Output) -> bool {
+        // The engine asks `has_room` before it computes a token: the queue is never full here.
+        self.0.try_send(Ok(response_of(output))).is_ok()
+    }
+
+    fn accepted(&mut self, request_id: u64) {
+        let ack = pb::AgentGenerateResponse { engine_request_id: request_id, ..Default::default() };
+        let _ = self.0.try_send(Ok(ack));
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+
+    fn has_room(&self) -> bool {
+        self.0.capacity() > 0
     }
 }
 
@@ -102,10 +147,9 @@ impl pb::agent_server::Agent for AgentService {
             return Err(status_of(error));
         }
         let prefetched = self.prefetch(&request).await;
-        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
-        let output = Box::new(move |output: Output| sender.send(Ok(response_of(output))).is_ok());
-        self.engine.submit(request, output, prefetched).await.map_err(status_of)?;
-        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(receiver))))
+        let (sender, receiver) = mpsc::channel(OUTPUT_QUEUE);
+        self.engine.submit(request, Box::new(StreamSink(sender)), prefetched).await.map_err(status_of)?;
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
 
     async fn subscribe_kv_events(

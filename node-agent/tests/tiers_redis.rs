@@ -95,7 +95,7 @@ impl Agent {
                 let hashes = BlockHasher::new(BLOCK as u32, "tiny-random", scope).hashes(prompt);
                 let first = self.engine.resident_blocks(&hashes);
                 let blocks = network.fetch_run(&hashes[first..]).await;
-                Prefetched { first_block: first, blocks }
+                Prefetched { first_block: first, blocks, hold: None }
             }
             None => Prefetched::default(),
         };

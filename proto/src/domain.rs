@@ -275,6 +275,9 @@ pub struct LoadStats {
     pub draining: bool,
     /// Requests the agent queues at most (those waiting included); 0 when unknown.
     pub queue_capacity: u32,
+    /// The engine was inside a step when the batch was sent, which had run for `step_seconds`.
+    pub step_in_progress: bool,
+    pub step_seconds: f64,
 }
 
 impl LoadStats {
@@ -311,6 +314,8 @@ impl TryFrom<pb::LoadStats> for LoadStats {
             network_tier_up: wire.network_tier_up,
             draining: wire.draining,
             queue_capacity: wire.queue_capacity,
+            step_in_progress: wire.step_in_progress,
+            step_seconds: rate("load.step_seconds", wire.step_seconds)?,
         })
     }
 }
@@ -330,6 +335,8 @@ impl From<LoadStats> for pb::LoadStats {
             network_tier_up: load.network_tier_up,
             draining: load.draining,
             queue_capacity: load.queue_capacity,
+            step_in_progress: load.step_in_progress,
+            step_seconds: load.step_seconds,
         }
     }
 }
@@ -345,6 +352,10 @@ pub struct KvEventBatch {
     pub load: LoadStats,
     /// Sender's wall clock at sending, microseconds since the Unix epoch (0: unknown).
     pub sent_unix_micros: u64,
+    /// Engine request ids finished (or failed, or cancelled) since the previous batch of the stream.
+    pub finished_request_ids: Vec<u64>,
+    /// The engine's next request id: `load` counts the unfinished requests below it, none at or above it.
+    pub next_request_id: u64,
 }
 
 impl KvEventBatch {
@@ -371,6 +382,8 @@ impl TryFrom<pb::KvEventBatch> for KvEventBatch {
             events: wire.events.into_iter().map(KvEvent::try_from).collect::<Result<_, _>>()?,
             load: LoadStats::try_from(load)?,
             sent_unix_micros: wire.sent_unix_micros,
+            finished_request_ids: wire.finished_request_ids,
+            next_request_id: wire.next_request_id,
         })
     }
 }
@@ -385,6 +398,8 @@ impl From<KvEventBatch> for pb::KvEventBatch {
             events: batch.events.into_iter().map(pb::KvEvent::from).collect(),
             load: Some(batch.load.into()),
             sent_unix_micros: batch.sent_unix_micros,
+            finished_request_ids: batch.finished_request_ids,
+            next_request_id: batch.next_request_id,
         }
     }
 }
@@ -667,9 +682,13 @@ mod tests {
                 kv_blocks_used: 1,
                 kv_blocks_total: 2,
                 prefill_tokens_per_second: 10.0,
+                step_in_progress: true,
+                step_seconds: 2.5,
                 ..Default::default()
             },
             sent_unix_micros: 1_700_000_000_000_000,
+            finished_request_ids: vec![4, 9],
+            next_request_id: 12,
         };
         let wire = pb::KvEventBatch::from(batch.clone());
         assert_eq!(KvEventBatch::try_from(wire).unwrap(), batch);

@@ -4,9 +4,11 @@
 //!   kvroute-sim --trace FILE --replicas 8 --policy all --profile h100-llama3-8b --rate-scale 4 --json
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use kvroute_bench::sim::fleet::DEFAULT_EVENT_LAG;
 use kvroute_bench::sim::{
     CostProfile, Fleet, FleetConfig, MODEL_ID, Plan, PolicyResult, SharedPrefix, SimReport, plot,
 };
@@ -57,6 +59,10 @@ struct Args {
     /// How long a routed prefix counts as pending on its replica (the gateway's --pending-ttl-ms).
     #[arg(long, default_value_t = 3000)]
     pending_ttl_ms: u64,
+    /// Milliseconds from a replica publishing an event batch to the router applying it (default: the
+    /// agent's heartbeat interval).
+    #[arg(long, default_value_t = DEFAULT_EVENT_LAG.as_millis() as u64)]
+    event_lag_ms: u64,
     /// cache_aware: weight of a request's work as the requests waiting or running at a replica pay it (0: own TTFT only).
     #[arg(long, default_value_t = ScoringConfig::default().congestion_weight)]
     congestion_weight: f64,
@@ -136,6 +142,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             policy,
             seed: args.seed,
             pending_ttl_ms: args.pending_ttl_ms,
+            event_lag: Duration::from_millis(args.event_lag_ms),
             scoring: ScoringConfig { congestion_weight: args.congestion_weight, ..ScoringConfig::default() },
         })
         .collect();

@@ -1,21 +1,32 @@
-//! One simulated run: N replicas, each the node-agent's own [`Engine`] (scheduler, block manager, host
-//! tier, write-through) on a [`CostExecutor`], a shared [`NetworkStore`], and the gateway's own
-//! [`PrefixIndex`] and [`Policy`] fed by the replicas' KV events, all stepped in virtual time.
-//! Deterministic: one thread, a seeded random source, events ordered by (time, sequence number).
+//! One simulated run: N replicas, each the node-agent's own [`Engine`] (scheduler, admission with its
+//! queue-delay limit, block manager, host tier, write-through) on a [`CostExecutor`] and a virtual
+//! [`ManualClock`], a shared [`NetworkStore`], and the gateway's own [`PrefixIndex`], [`LoadLedger`] and
+//! [`Policy`], all stepped in virtual time.
+//!
+//! The router knows a replica only from its event batches, as the gateway does: each replica publishes a
+//! batch (KV events, load, finished request ids, next request id) after every step that changed something,
+//! and a heartbeat every [`HEARTBEAT`] while busy; a batch reaches the router `event_lag` after it was
+//! published. Requests the router sent count in the replica's load through the ledger until a batch counts
+//! them. Deterministic: one thread, a seeded random source, events ordered by (time, sequence number).
 
 use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kvroute_gateway::routing::{
-    IndexConfig, Policy, PolicyKind, PrefixIndex, ReplicaView, RouteRequest, ScoringConfig, SplitMix64,
-    fill_unmeasured_rates,
+    CandidateScore, IndexConfig, LoadLedger, Policy, PolicyKind, PrefixIndex, ReplicaView, RouteRequest, ScoringConfig,
+    SendTicket, SplitMix64, fill_unmeasured_rates,
 };
+use kvroute_gateway::service::ServiceConfig;
+use kvroute_node_agent::engine::publisher::HEARTBEAT;
 use kvroute_node_agent::engine::thread::SharedSink;
 use kvroute_node_agent::engine::tiering::reload_beats_recompute;
-use kvroute_node_agent::engine::{Engine, EngineConfig, Executor, Output, PreemptionMode, Prefetched, Tiering};
+use kvroute_node_agent::engine::{
+    Engine, EngineConfig, Executor, ManualClock, Output, PreemptionMode, Prefetched, Tiering,
+};
 use kvroute_node_agent::tiers::host::HostTier;
-use kvroute_proto::BlockHasher;
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, KvEvent, LoadStats, SamplingParams};
+use kvroute_proto::{BlockHash, BlockHasher};
 
 use super::executor::{CostExecutor, STAND_IN_BYTES};
 use super::network::NetworkStore;
@@ -39,7 +50,12 @@ pub struct FleetConfig {
     pub pending_ttl_ms: u64,
     /// The routing tunables (the gateway's defaults unless an experiment changes them).
     pub scoring: ScoringConfig,
+    /// Time from a replica publishing an event batch to the router applying it.
+    pub event_lag: Duration,
 }
+
+/// The default event lag: the agent's heartbeat interval.
+pub const DEFAULT_EVENT_LAG: Duration = HEARTBEAT;
 
 type Outputs = Arc<Mutex<Vec<(usize, Output)>>>;
 
@@ -48,12 +64,33 @@ struct Replica {
     events: SharedSink,
     outputs: Outputs,
     busy: bool,
-    /// Routed here, not yet submitted (their network-tier fetch is in flight).
-    inbound: u32,
+    /// A heartbeat is scheduled.
+    heartbeat: bool,
     /// What the running step produced, published when it ends.
     step_events: Vec<KvEvent>,
     step_outputs: Vec<(usize, Output)>,
     prefill_tokens: u64,
+}
+
+/// A routed request on its way: the replicas to try, best first, and the attempt under way.
+struct Route {
+    live: usize,
+    request: AgentGenerateRequest,
+    hashes: Vec<BlockHash>,
+    candidates: Vec<CandidateScore>,
+    attempt: usize,
+    /// Prompt tokens the first candidate was predicted to hold.
+    predicted_cached: usize,
+}
+
+/// What a replica's event batch tells the router.
+struct Batch {
+    events: Vec<KvEvent>,
+    /// Network-tier events, by the replica that caused them.
+    network: Vec<(u16, KvEvent)>,
+    load: LoadStats,
+    next_request_id: u64,
+    finished: Vec<u64>,
 }
 
 /// A request in flight.
@@ -94,9 +131,22 @@ impl Ord for Scheduled {
 
 enum Event {
     Open(usize),
-    Turn { session: usize, turn: usize },
-    Submit { live: usize, replica: usize, request: AgentGenerateRequest, prefetched: Prefetched },
+    Turn {
+        session: usize,
+        turn: usize,
+    },
+    Submit {
+        route: Box<Route>,
+        prefetched: Prefetched,
+        ticket: SendTicket,
+    },
     StepDone(usize),
+    Heartbeat(usize),
+    /// A batch reaches the router.
+    Arrive {
+        replica: usize,
+        batch: Box<Batch>,
+    },
 }
 
 pub struct Fleet<'a> {
@@ -105,6 +155,10 @@ pub struct Fleet<'a> {
     replicas: Vec<Replica>,
     store: Option<Arc<Mutex<NetworkStore>>>,
     index: PrefixIndex,
+    ledger: LoadLedger,
+    clock: ManualClock,
+    /// Replicas tried per request (the gateway's default).
+    max_attempts: usize,
     policy: Policy,
     rng: SplitMix64,
     hasher: BlockHasher,
@@ -121,7 +175,8 @@ impl<'a> Fleet<'a> {
         let profile = &config.profile;
         let store = (profile.network_bytes > 0.0)
             .then(|| Arc::new(Mutex::new(NetworkStore::new((profile.network_bytes / profile.block_bytes()) as usize))));
-        let replicas = (0..config.replicas).map(|id| replica(id, profile, store.clone())).collect();
+        let clock = ManualClock::default();
+        let replicas = (0..config.replicas).map(|id| replica(id, profile, store.clone(), &clock)).collect();
         let host_blocks = (profile.host_bytes / profile.block_bytes()) as usize;
         let held = config.replicas * (profile.num_blocks() + host_blocks)
             + (profile.network_bytes / profile.block_bytes()) as usize;
@@ -144,6 +199,9 @@ impl<'a> Fleet<'a> {
             replicas,
             store,
             index,
+            ledger: LoadLedger::new(),
+            clock,
+            max_attempts: ServiceConfig::default().max_attempts,
             queue: BinaryHeap::new(),
             next_event: 0,
             now: 0.0,
@@ -157,6 +215,10 @@ impl<'a> Fleet<'a> {
         for (session, state) in plan.sessions.iter().enumerate() {
             fleet.schedule(state.start_s, Event::Turn { session, turn: 0 });
         }
+        // The subscription's first batch: the router learns each replica's capacity.
+        for replica in 0..fleet.replicas.len() {
+            fleet.publish_batch(replica);
+        }
         Ok(fleet)
     }
 
@@ -164,6 +226,7 @@ impl<'a> Fleet<'a> {
     pub fn run(mut self) -> PolicyResult {
         while let Some(Scheduled { at_ns, event, .. }) = self.queue.pop() {
             self.now = at_ns as f64 / 1e9;
+            self.clock.set(Duration::from_nanos(at_ns));
             match event {
                 Event::Open(index) => {
                     let request = &self.plan.open[index];
@@ -175,8 +238,10 @@ impl<'a> Fleet<'a> {
                     let prompt = session_prompt(state, &state.turns[turn], &self.histories[session]);
                     self.arrive(prompt, state.turns[turn].output_tokens, Some((session, turn)));
                 }
-                Event::Submit { live, replica, request, prefetched } => self.submit(live, replica, request, prefetched),
+                Event::Submit { route, prefetched, ticket } => self.submit(*route, prefetched, ticket),
                 Event::StepDone(replica) => self.step_done(replica),
+                Event::Heartbeat(replica) => self.heartbeat(replica),
+                Event::Arrive { replica, batch } => self.arrive_batch(replica, *batch),
             }
         }
         let stats: Vec<_> = self.replicas.iter().map(|replica| replica.engine.stats().clone()).collect();
@@ -194,15 +259,13 @@ impl<'a> Fleet<'a> {
         (self.now * 1000.0) as u64
     }
 
-    /// Routes a new request with the gateway's index and policy, fetches what the network tier holds
-    /// beyond the chosen replica's own blocks (as the agent does), and submits it.
+    /// Routes a new request with the gateway's index and policy, then sends it to the best replica.
     fn arrive(&mut self, prompt: Vec<u32>, output_tokens: u32, turn: Option<(usize, usize)>) {
         let live = self.live.len();
         self.live.push(Live { arrival_s: self.now, first_token_s: None, turn, generated: Vec::new() });
         let hashes = self.hasher.hashes(&prompt);
-        let now_ms = self.now_ms();
-        let lookup = self.index.lookup(&hashes, now_ms);
-        let mut views: Vec<ReplicaView> = self.replicas.iter().enumerate().map(|(id, r)| self.view(id, r)).collect();
+        let lookup = self.index.lookup(&hashes, self.now_ms());
+        let mut views: Vec<ReplicaView> = (0..self.replicas.len()).map(|id| self.view(id)).collect();
         fill_unmeasured_rates(&mut views);
         let request = RouteRequest {
             hashes: &hashes,
@@ -210,35 +273,13 @@ impl<'a> Fleet<'a> {
             session_key: turn.map(|(session, _)| session as u64),
         };
         let decision = self.policy.decide(&request, &views, &lookup, &mut self.rng);
-        let Some(chosen) = decision.chosen else {
+        let candidates: Vec<CandidateScore> =
+            decision.ranked().into_iter().take(self.max_attempts.max(1)).cloned().collect();
+        if candidates.is_empty() {
             self.samples.rejected += 1;
             return;
-        };
-        let replica = usize::from(chosen);
-        let pending = decision.chosen_candidate().map_or(&hashes[..], |candidate| candidate.unreached(&hashes));
-        self.index.add_pending(chosen, pending, now_ms, self.config.pending_ttl_ms);
-        let profile = &self.config.profile;
-        let mut prefetched = Prefetched::default();
-        let mut delay = 0.0;
-        if let Some(store) = &self.store {
-            let engine = &self.replicas[replica].engine;
-            let first = engine.resident_blocks(&hashes);
-            let rate = engine.stats().prefill_tokens_per_second;
-            if first < hashes.len()
-                && reload_beats_recompute(profile.network_bandwidth, profile.kv_bytes_per_token, rate)
-            {
-                let run = store.lock().map(|mut store| store.fetch_run(&hashes[first..])).unwrap_or(0);
-                if run > 0 {
-                    delay = profile.network_latency_seconds
-                        + run as f64 * profile.block_bytes() / profile.network_bandwidth;
-                    prefetched = {
-                        // One shared stand-in payload serves every fetched block.
-                        let payload = Arc::new(vec![0; STAND_IN_BYTES]);
-                        Prefetched { first_block: first, blocks: std::iter::repeat_n(payload, run).collect() }
-                    };
-                }
-            }
         }
+        let predicted_cached = decision.predicted_cached_tokens(self.config.profile.block_size as u32) as usize;
         let request = AgentGenerateRequest {
             request_id: String::new(),
             prompt,
@@ -249,17 +290,65 @@ impl<'a> Fleet<'a> {
             stop_token_ids: Vec::new(),
             ignore_eos: true,
         };
-        self.replicas[replica].inbound += 1;
+        self.dispatch(Route { live, request, hashes, candidates, attempt: 0, predicted_cached });
+    }
+
+    /// Sends a routed request to its current candidate, as the gateway does: its blocks count as pending
+    /// there and the request in that replica's load; the agent fetches what the network tier holds beyond
+    /// its own blocks before submitting.
+    fn dispatch(&mut self, route: Route) {
+        let candidate = &route.candidates[route.attempt];
+        let chosen = candidate.replica;
+        let replica = usize::from(chosen);
+        let now_ms = self.now_ms();
+        self.index.add_pending(chosen, candidate.unreached(&route.hashes), now_ms, self.config.pending_ttl_ms);
+        let cached = if route.attempt == 0 { route.predicted_cached } else { 0 };
+        let ticket = self.ledger.sent(chosen, route.request.prompt.len().saturating_sub(cached) as u64);
+        let profile = &self.config.profile;
+        let hashes = &route.hashes;
+        let mut prefetched = Prefetched::default();
+        let mut delay = 0.0;
+        if let Some(store) = &self.store {
+            let engine = &self.replicas[replica].engine;
+            let first = engine.resident_blocks(hashes);
+            let rate = engine.stats().prefill_tokens_per_second;
+            if first < hashes.len()
+                && reload_beats_recompute(profile.network_bandwidth, profile.kv_bytes_per_token, rate)
+            {
+                let run = store.lock().map(|mut store| store.fetch_run(&hashes[first..])).unwrap_or(0);
+                if run > 0 {
+                    delay = profile.network_latency_seconds
+                        + run as f64 * profile.block_bytes() / profile.network_bandwidth;
+                    // One shared stand-in payload serves every fetched block.
+                    let payload = Arc::new(vec![0; STAND_IN_BYTES]);
+                    let blocks = std::iter::repeat_n(payload, run).collect();
+                    prefetched = Prefetched { first_block: first, blocks, hold: None };
+                }
+            }
+        }
         if delay > 0.0 {
-            self.schedule(self.now + delay, Event::Submit { live, replica, request, prefetched });
+            self.schedule(self.now + delay, Event::Submit { route: Box::new(route), prefetched, ticket });
         } else {
-            self.submit(live, replica, request, prefetched);
+            self.submit(route, prefetched, ticket);
         }
     }
 
-    fn submit(&mut self, live: usize, replica: usize, request: AgentGenerateRequest, prefetched: Prefetched) {
+    /// Submits a routed request; the router learns the engine's id at once (as the acknowledgement). A
+    /// replica refusing it as overloaded (the agent's admission rule) sends it on to the next candidate.
+    fn submit(&mut self, mut route: Route, prefetched: Prefetched, ticket: SendTicket) {
+        let replica = usize::from(route.candidates[route.attempt].replica);
+        if self.replicas[replica].engine.admission_refusal().is_some() {
+            self.ledger.abandoned(ticket);
+            if route.attempt + 1 < route.candidates.len() {
+                route.attempt += 1;
+                self.dispatch(route);
+            } else {
+                self.samples.rejected += 1;
+            }
+            return;
+        }
+        let live = route.live;
         let state = &mut self.replicas[replica];
-        state.inbound = state.inbound.saturating_sub(1);
         let outputs = state.outputs.clone();
         let sink = Box::new(move |output: Output| {
             if let Ok(mut outputs) = outputs.lock() {
@@ -267,11 +356,15 @@ impl<'a> Fleet<'a> {
             }
             true
         });
-        if state.engine.submit_prefetched(request, sink, prefetched).is_err() {
-            self.samples.rejected += 1;
-            return;
+        match state.engine.submit_prefetched(route.request, sink, prefetched) {
+            Ok(id) => self.ledger.accepted(ticket, id),
+            Err(_) => {
+                self.ledger.abandoned(ticket);
+                self.samples.rejected += 1;
+                return;
+            }
         }
-        if !state.busy {
+        if !self.replicas[replica].busy {
             self.start_step(replica);
         }
     }
@@ -287,17 +380,21 @@ impl<'a> Fleet<'a> {
         }
         if report.is_idle() {
             state.busy = false;
-            self.publish(replica);
+            self.step_finished(replica);
             return;
         }
         state.prefill_tokens += report.prefill_tokens as u64;
         state.busy = true;
         let seconds = state.engine.executor().modelled_seconds().unwrap_or(0.0);
         self.schedule(self.now + seconds, Event::StepDone(replica));
+        if !self.replicas[replica].heartbeat {
+            self.replicas[replica].heartbeat = true;
+            self.schedule(self.now + HEARTBEAT.as_secs_f64(), Event::Heartbeat(replica));
+        }
     }
 
     fn step_done(&mut self, replica: usize) {
-        self.publish(replica);
+        self.step_finished(replica);
         if self.replicas[replica].engine.has_work() {
             self.start_step(replica);
         } else {
@@ -305,21 +402,53 @@ impl<'a> Fleet<'a> {
         }
     }
 
-    /// Feeds a finished step's events to the index (network-tier events under the replica that caused
-    /// them) and its outputs to the requests.
-    fn publish(&mut self, replica: usize) {
-        let events = std::mem::take(&mut self.replicas[replica].step_events);
-        if !events.is_empty() {
-            let _ = self.index.apply_events(replica as u16, &events);
-        }
-        let network = self.store.as_ref().and_then(|store| store.lock().ok().map(|mut store| store.take_events()));
-        for (source, event) in network.unwrap_or_default() {
-            let _ = self.index.apply_events(source, std::slice::from_ref(&event));
-        }
+    /// A step's outputs reach their requests; its events, finished requests and the replica's load are
+    /// published when they changed something (as the agent does).
+    fn step_finished(&mut self, replica: usize) {
         let outputs = std::mem::take(&mut self.replicas[replica].step_outputs);
         for (live, output) in outputs {
             self.deliver(live, output);
         }
+        self.publish_batch(replica);
+    }
+
+    /// The agent's heartbeat: its load, whatever changed; sent every [`HEARTBEAT`] while it is busy.
+    fn heartbeat(&mut self, replica: usize) {
+        self.publish_batch(replica);
+        if self.replicas[replica].busy {
+            self.schedule(self.now + HEARTBEAT.as_secs_f64(), Event::Heartbeat(replica));
+        } else {
+            self.replicas[replica].heartbeat = false;
+        }
+    }
+
+    /// Publishes a batch of everything that changed at `replica` since its last one, to reach the router
+    /// after the event lag.
+    fn publish_batch(&mut self, replica: usize) {
+        let events = std::mem::take(&mut self.replicas[replica].step_events);
+        let network = self.store.as_ref().and_then(|store| store.lock().ok().map(|mut store| store.take_events()));
+        let batch = Batch {
+            events,
+            network: network.unwrap_or_default(),
+            load: self.replica_load(replica),
+            next_request_id: self.replicas[replica].engine.next_request_id(),
+            finished: self.replicas[replica].engine.take_finished_ids(),
+        };
+        let lag = self.config.event_lag.as_secs_f64();
+        self.schedule(self.now + lag, Event::Arrive { replica, batch: Box::new(batch) });
+    }
+
+    /// A batch reaches the router: the index takes its events (network-tier ones under the replica that
+    /// caused them), the ledger its load.
+    fn arrive_batch(&mut self, replica: usize, batch: Batch) {
+        let id = replica as u16;
+        if !batch.events.is_empty() {
+            let _ = self.index.apply_events(id, &batch.events);
+        }
+        for (source, event) in &batch.network {
+            let _ = self.index.apply_events(*source, std::slice::from_ref(event));
+        }
+        self.ledger.reported(id, 0, &batch.load, batch.next_request_id, &batch.finished);
     }
 
     fn deliver(&mut self, live: usize, output: Output) {
@@ -345,36 +474,44 @@ impl<'a> Fleet<'a> {
         }
     }
 
-    /// What the gateway would know of a replica from its last event batch.
-    fn view(&self, id: usize, replica: &Replica) -> ReplicaView {
+    /// What the router knows of a replica: its latest batch, and the requests sent since (the ledger).
+    fn view(&self, id: usize) -> ReplicaView {
         let profile = &self.config.profile;
-        let engine = &replica.engine;
-        let stand_in_scale = profile.block_bytes() / STAND_IN_BYTES as f64;
-        let network = self.store.is_some();
         ReplicaView {
             id: id as u16,
             healthy: true,
-            load: LoadStats {
-                waiting_requests: engine.num_waiting() as u32 + replica.inbound,
-                running_requests: engine.num_running() as u32,
-                queued_prefill_tokens: engine.queued_prefill_tokens(),
-                kv_blocks_used: engine.blocks().num_used() as u64,
-                kv_blocks_total: engine.blocks().num_blocks() as u64,
-                prefill_tokens_per_second: engine.stats().prefill_tokens_per_second,
-                decode_step_seconds: engine.stats().decode_step_seconds,
-                host_bytes_per_second: engine.tiering().host_bandwidth() * stand_in_scale,
-                network_bytes_per_second: if network { profile.network_bandwidth } else { 0.0 },
-                network_tier_up: network,
-                draining: false,
-                queue_capacity: profile.max_waiting as u32,
-            },
+            load: self.ledger.load(id as u16),
             block_size: profile.block_size as u32,
             bytes_per_block: profile.block_bytes() as u64,
         }
     }
+
+    /// A replica's load as its agent would report it now.
+    fn replica_load(&self, replica: usize) -> LoadStats {
+        let profile = &self.config.profile;
+        let engine = &self.replicas[replica].engine;
+        let stand_in_scale = profile.block_bytes() / STAND_IN_BYTES as f64;
+        let network = self.store.is_some();
+        LoadStats {
+            waiting_requests: engine.num_waiting() as u32,
+            running_requests: engine.num_running() as u32,
+            queued_prefill_tokens: engine.queued_prefill_tokens(),
+            kv_blocks_used: engine.blocks().num_used() as u64,
+            kv_blocks_total: engine.blocks().num_blocks() as u64,
+            prefill_tokens_per_second: engine.stats().prefill_tokens_per_second,
+            decode_step_seconds: engine.stats().decode_step_seconds,
+            host_bytes_per_second: engine.tiering().host_bandwidth() * stand_in_scale,
+            network_bytes_per_second: if network { profile.network_bandwidth } else { 0.0 },
+            network_tier_up: network,
+            draining: false,
+            queue_capacity: profile.max_waiting as u32,
+            step_in_progress: false,
+            step_seconds: 0.0,
+        }
+    }
 }
 
-fn replica(id: usize, profile: &CostProfile, store: Option<Arc<Mutex<NetworkStore>>>) -> Replica {
+fn replica(id: usize, profile: &CostProfile, store: Option<Arc<Mutex<NetworkStore>>>, clock: &ManualClock) -> Replica {
     let host =
         (profile.host_bytes > 0.0).then(|| HostTier::new(CostExecutor::stand_in_bytes(profile, profile.host_bytes)));
     let spill = store.map(|store| {
@@ -392,8 +529,8 @@ fn replica(id: usize, profile: &CostProfile, store: Option<Arc<Mutex<NetworkStor
         max_batch_tokens: profile.max_batch_tokens,
         max_running: profile.max_running,
         max_waiting: profile.max_waiting,
-        // Measured in wall-clock time, which the simulator does not advance: off.
-        max_queue_delay: None,
+        // The binary's admission rule, on the virtual clock.
+        max_queue_delay: EngineConfig::default().max_queue_delay,
         watermark: EngineConfig::default().watermark,
         preemption: PreemptionMode::Recompute,
         max_context: profile.max_context,
@@ -401,13 +538,15 @@ fn replica(id: usize, profile: &CostProfile, store: Option<Arc<Mutex<NetworkStor
     };
     let events = SharedSink::default();
     let executor = CostExecutor::new(profile, MODEL_ID);
-    let engine = Engine::new(config, executor, Vec::new(), Box::new(events.clone())).with_tiering(tiering);
+    let engine = Engine::new(config, executor, Vec::new(), Box::new(events.clone()))
+        .with_tiering(tiering)
+        .with_clock(Box::new(clock.clone()));
     Replica {
         engine,
         events,
         outputs: Arc::default(),
         busy: false,
-        inbound: 0,
+        heartbeat: false,
         step_events: Vec::new(),
         step_outputs: Vec::new(),
         prefill_tokens: 0,

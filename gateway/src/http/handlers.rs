@@ -416,7 +416,10 @@ pub async fn ready(State(state): Shared) -> Response {
 pub async fn metrics(State(state): Shared) -> Response {
     state.gateway.router.publish_metrics();
     match &state.metrics {
-        Some(handle) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render()).into_response(),
+        Some(handle) => {
+            let text = metrics::render(handle, &state.gateway.replica_gauges());
+            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+        }
         None => (StatusCode::NOT_FOUND, "metrics are not enabled").into_response(),
     }
 }

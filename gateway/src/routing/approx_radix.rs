@@ -91,6 +91,20 @@ impl RadixHistory {
         }
     }
 
+    /// Forgets everything routed to `replica` (it left; its id may name another replica later).
+    pub fn remove_replica(&mut self, replica: ReplicaId) {
+        let mut removed = 0;
+        self.nodes.retain(|_, holders| {
+            let before = holders.len();
+            holders.retain(|&(holder, _)| holder != replica);
+            removed += before - holders.len();
+            !holders.is_empty()
+        });
+        self.pairs -= removed;
+        self.sizes.remove(&replica);
+        self.compact();
+    }
+
     /// Removes (hash, replica) when `tick` is still its latest touch.
     fn evict_if_current(&mut self, hash: BlockHash, replica: ReplicaId, tick: u64) {
         let Some(holders) = self.nodes.get_mut(&hash) else { return };

@@ -28,9 +28,9 @@
 //!
 //! # Memory
 //! The table is sized once: `max_entries / 0.7` slots of `8 + 24W` bytes
-//! (W = set words, 1 up to 64 replicas) and a relocation counter per 64 slots:
-//! 45.9 bytes per entry at the cap with up to 64 replicas
-//! ([`PrefixIndex::bytes_per_entry_at_cap`]).
+//! (W = set words, ceil(max_replicas / 64)) and a relocation counter per 64
+//! slots: 45.9 bytes per entry at the cap with up to 64 replicas, 149 with up
+//! to 256 (the default) ([`PrefixIndex::bytes_per_entry_at_cap`]).
 //!
 //! Past the cap, each insert evicts one entry, an approximate LRU: every
 //! entry has a 2-bit recency counter, set to 3 by a lookup hit and to at least
@@ -76,7 +76,7 @@ pub struct IndexConfig {
 
 impl Default for IndexConfig {
     fn default() -> Self {
-        IndexConfig { max_entries: 1 << 20, max_replicas: 64, pending_slots: 1 << 16 }
+        IndexConfig { max_entries: 1 << 20, max_replicas: 256, pending_slots: 1 << 16 }
     }
 }
 

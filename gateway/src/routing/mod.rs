@@ -4,6 +4,7 @@
 //! randomness as a [`RandomSource`], and the simulator replays it.
 //!
 //! - [`index`]: which replica holds which block in which tier; lock-free reads.
+//! - [`load`]: each replica's load: its latest report plus the requests sent that it does not count yet.
 //! - [`scoring`]: request and replica inputs, the decision, the TTFT model.
 //! - [`policy`]: `cache_aware` and the baselines, by name.
 //! - [`prefix_hash`], [`approx_radix`]: the two stateful baselines.
@@ -14,6 +15,7 @@ pub mod approx_radix;
 pub mod churn;
 mod huge_pages;
 pub mod index;
+pub mod load;
 mod pending;
 pub mod policy;
 pub mod prefix_hash;
@@ -30,6 +32,7 @@ pub type Millis = u64;
 
 pub use churn::{ChurnAlarm, ChurnConfig, ChurnDetector};
 pub use index::{IndexConfig, IndexError, IndexStats, LookupResult, PrefixIndex, ReplicaMatch};
+pub use load::{LoadLedger, SendTicket};
 pub use policy::{Policy, PolicyKind, UnknownPolicy};
 pub use rng::{RandomSource, SplitMix64};
 pub use scoring::{

@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use super::ReplicaId;
 use super::approx_radix::RadixHistory;
 use super::index::LookupResult;
 use super::prefix_hash::HashRing;
@@ -118,6 +119,14 @@ impl Policy {
     /// The routing-history tree of `approx_radix`.
     pub fn history(&self) -> Option<&RadixHistory> {
         self.history.as_ref()
+    }
+
+    /// Forgets what the policy's state remembers of `replica` (it left; its id may be given to another).
+    pub fn forget_replica(&mut self, replica: ReplicaId) {
+        if let Some(history) = self.history.as_mut() {
+            history.remove_replica(replica);
+        }
+        self.ring = None;
     }
 
     /// Chooses a replica for `request` and records the choice in the

@@ -1,35 +1,37 @@
 //! The replicas behind the gateway: one gRPC client and one event
 //! subscription per node-agent, their health and load, and discovery.
 //!
-//! Each replica's subscription task feeds the prefix index through an
-//! [`IndexSink`]: a snapshot replaces what the index knew of the replica,
-//! deltas apply in order, and a gap in `seq`, a new epoch, an invalid message
-//! or a stream quiet past the heartbeat timeout drops the replica's entries,
-//! marks it unhealthy and resubscribes.
+//! Each replica's subscription task queues its batches for the [`IndexWriter`], whose thread applies them
+//! to an [`IndexSink`] (the prefix index and the load ledger): a snapshot replaces what was known of the
+//! replica, deltas apply in order, and a gap in `seq`, a new epoch, an invalid message or a stream quiet
+//! past the heartbeat timeout drops the replica's entries, marks it unhealthy and resubscribes. The agent
+//! sends heartbeats from outside its engine loop, so a long step does not look like silence.
+//!
+//! A replica's id is the lowest one free when it is added, and is freed when it is removed (after the
+//! removal of its entries is queued, so that nothing of the old replica is ever seen under the new one).
 
 pub mod discovery;
+pub mod index_writer;
 pub mod subscription;
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use kvroute_proto::domain::{AgentInfo, KvEvent, LoadStats};
+use kvroute_proto::domain::{AgentInfo, KvEventBatch, LoadStats};
 use kvroute_proto::pb::agent_client::AgentClient;
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 pub use crate::routing::ReplicaId;
+pub use index_writer::IndexWriter;
 
-/// Where replica events go (the prefix index).
+/// Where replica events go (the prefix index and the load ledger); called from the writer thread only.
 pub trait IndexSink: Send + Sync {
-    /// Replaces everything known about the replica with a snapshot.
-    fn snapshot(&self, replica: ReplicaId, events: &[KvEvent]);
-    /// Applies deltas in order.
-    fn apply(&self, replica: ReplicaId, events: &[KvEvent]);
-    /// The replica's latest load (with every batch, heartbeats included).
-    fn load(&self, replica: ReplicaId, load: &LoadStats);
-    /// Forgets the replica's entries (unhealthy or gone).
+    /// Applies a batch of the replica's stream: a snapshot replaces everything known about it, deltas
+    /// apply in order, and its load and request accounting replace the previous batch's.
+    fn batch(&self, replica: ReplicaId, batch: &KvEventBatch);
+    /// Forgets the replica (unhealthy or gone): its entries, its load, what policies remember of it.
     fn forget(&self, replica: ReplicaId);
 }
 
@@ -50,6 +52,8 @@ pub struct Expectations {
 pub struct PoolConfig {
     /// A stream quiet for this long marks the replica unhealthy.
     pub heartbeat_timeout: Duration,
+    /// Replicas known at once at most (ids `0..max_replicas`: the prefix index's size).
+    pub max_replicas: usize,
     pub connect_timeout: Duration,
     /// Longest wait between reconnection attempts.
     pub max_backoff: Duration,
@@ -61,6 +65,7 @@ impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
             heartbeat_timeout: Duration::from_millis(2_000),
+            max_replicas: crate::routing::IndexConfig::default().max_replicas,
             connect_timeout: Duration::from_millis(1_000),
             max_backoff: Duration::from_secs(2),
             agent_tls: None,
@@ -78,10 +83,6 @@ pub struct ReplicaState {
     /// Why the replica was refused (mismatched model or block size).
     pub refused: Option<String>,
     pub resubscriptions: u64,
-    /// Requests this gateway sent since the replica's last event batch, and their prompt tokens not
-    /// expected from a cache: load the batch does not show yet (reset by each batch).
-    pub sent_since_batch: u32,
-    pub sent_tokens_since_batch: u64,
 }
 
 /// One replica.
@@ -108,14 +109,6 @@ impl Replica {
         self.state.read().map(|state| state.healthy).unwrap_or(false)
     }
 
-    /// Records a request sent to this replica (see [`ReplicaState::sent_since_batch`]).
-    pub fn note_sent(&self, uncached_tokens: u64) {
-        self.update(|state| {
-            state.sent_since_batch = state.sent_since_batch.saturating_add(1);
-            state.sent_tokens_since_batch = state.sent_tokens_since_batch.saturating_add(uncached_tokens);
-        });
-    }
-
     fn update(&self, change: impl FnOnce(&mut ReplicaState)) {
         if let Ok(mut state) = self.state.write() {
             change(&mut state);
@@ -123,11 +116,34 @@ impl Replica {
     }
 }
 
+/// Replica ids in use; a freed id is given out again, lowest first.
+#[derive(Debug)]
+struct ReplicaIds {
+    free: BTreeSet<ReplicaId>,
+    next: usize,
+    max: usize,
+}
+
+impl ReplicaIds {
+    fn take(&mut self) -> Option<ReplicaId> {
+        if let Some(id) = self.free.pop_first() {
+            return Some(id);
+        }
+        let id = ReplicaId::try_from(self.next).ok().filter(|_| self.next < self.max)?;
+        self.next += 1;
+        Some(id)
+    }
+
+    fn give_back(&mut self, id: ReplicaId) {
+        self.free.insert(id);
+    }
+}
+
 /// Every known replica; cheap to share.
 pub struct Pool {
     replicas: RwLock<HashMap<String, Arc<Replica>>>,
-    next_id: std::sync::atomic::AtomicU16,
-    sink: Arc<dyn IndexSink>,
+    ids: Mutex<ReplicaIds>,
+    writer: IndexWriter,
     expectations: RwLock<Expectations>,
     config: PoolConfig,
 }
@@ -139,14 +155,21 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    pub fn new(sink: Arc<dyn IndexSink>, expectations: Expectations, config: PoolConfig) -> Arc<Pool> {
-        Arc::new(Pool {
+    /// A pool whose replicas' batches are written to `sink` by a writer thread of its own.
+    pub fn new(sink: Arc<dyn IndexSink>, expectations: Expectations, config: PoolConfig) -> std::io::Result<Arc<Pool>> {
+        let ids = ReplicaIds { free: BTreeSet::new(), next: 0, max: config.max_replicas };
+        Ok(Arc::new(Pool {
             replicas: RwLock::new(HashMap::new()),
-            next_id: std::sync::atomic::AtomicU16::new(0),
-            sink,
+            ids: Mutex::new(ids),
+            writer: IndexWriter::spawn(sink)?,
             expectations: RwLock::new(expectations),
             config,
-        })
+        }))
+    }
+
+    /// The writer of the routing state (to wait for it to catch up: [`IndexWriter::flush`]).
+    pub fn writer(&self) -> &IndexWriter {
+        &self.writer
     }
 
     /// Adds a replica at `host:port` and starts its subscription (idempotent).
@@ -167,7 +190,13 @@ impl Pool {
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_while_idle(true)
             .connect_lazy();
-        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Ok(mut replicas) = self.replicas.write() else { return Err("internal lock poisoned".into()) };
+        if let Some(existing) = replicas.get(endpoint) {
+            return Ok(existing.id);
+        }
+        let id = self.ids.lock().ok().and_then(|mut ids| ids.take()).ok_or_else(|| {
+            format!("the gateway already tracks {} replicas, its most (--index-max-replicas)", self.config.max_replicas)
+        })?;
         let replica = Arc::new(Replica {
             id,
             endpoint: endpoint.to_string(),
@@ -179,22 +208,23 @@ impl Pool {
         if let Ok(mut slot) = replica.task.lock() {
             *slot = Some(task);
         }
-        if let Ok(mut replicas) = self.replicas.write() {
-            replicas.insert(endpoint.to_string(), replica);
-        }
+        replicas.insert(endpoint.to_string(), replica);
         Ok(id)
     }
 
-    /// Removes a replica (no longer discovered): stops its task, forgets its entries.
-    pub fn remove(&self, endpoint: &str) {
+    /// Removes a replica (no longer discovered): stops its task, forgets what it reported, frees its id.
+    pub async fn remove(&self, endpoint: &str) {
         let removed = self.replicas.write().ok().and_then(|mut replicas| replicas.remove(endpoint));
-        if let Some(replica) = removed {
-            if let Ok(mut task) = replica.task.lock()
-                && let Some(task) = task.take()
-            {
-                task.abort();
-            }
-            self.sink.forget(replica.id);
+        let Some(replica) = removed else { return };
+        if let Ok(mut task) = replica.task.lock()
+            && let Some(task) = task.take()
+        {
+            task.abort();
+        }
+        // The task is gone: nothing of this replica is queued after its removal, so the id is free.
+        self.writer.forget(replica.id).await;
+        if let Ok(mut ids) = self.ids.lock() {
+            ids.give_back(replica.id);
         }
     }
 

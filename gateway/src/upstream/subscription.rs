@@ -42,8 +42,7 @@ pub async fn run(pool: Arc<Pool>, replica: Arc<Replica>) {
             state.healthy = false;
             state.resubscriptions += 1;
         });
-        pool.sink.forget(replica.id);
-        metrics::record_replica_health(&replica.endpoint, false);
+        pool.writer.forget(replica.id).await;
         match &ended {
             Ended::Refused(reason) => {
                 tracing::error!(agent = %replica.endpoint, reason, "refusing replica");
@@ -100,23 +99,19 @@ async fn subscribe_once(pool: &Pool, replica: &Replica) -> Ended {
             Ok(batch) => batch,
             Err(reason) => return Ended::Inconsistent(reason),
         };
-        let started = Instant::now();
-        if batch.snapshot {
-            pool.sink.snapshot(replica.id, &batch.events);
-        } else if !batch.events.is_empty() {
-            pool.sink.apply(replica.id, &batch.events);
-        }
-        metrics::record_event_ingest(batch.events.len(), started.elapsed());
         metrics::record_event_lag(batch.sent_unix_micros);
-        pool.sink.load(replica.id, &batch.load);
+        metrics::record_event_batch();
         let healthy = !batch.load.draining;
-        metrics::record_replica_load(&replica.endpoint, &batch.load);
-        metrics::record_replica_health(&replica.endpoint, healthy);
+        let load = batch.load.clone();
+        let snapshot = batch.snapshot;
+        pool.writer.batch(replica.id, batch).await;
+        if snapshot {
+            // Routable only once the index holds what the replica holds.
+            pool.writer.flush().await;
+        }
         replica.update(|state| {
             state.healthy = healthy;
-            state.load = batch.load;
-            state.sent_since_batch = 0;
-            state.sent_tokens_since_batch = 0;
+            state.load = load;
             state.last_seen = Some(Instant::now());
         });
     }

@@ -6,10 +6,14 @@
 //! decoding sequence, then prefill chunks of running sequences, then admits
 //! waiting requests whose prompt blocks fit above a watermark. When a decoding
 //! sequence needs a block and none is free, the newest running sequence is
-//! preempted (recompute or swap). [`thread`] runs an engine in its own thread.
+//! preempted (recompute or swap). Every step first drops the requests whose caller went away. The engine
+//! reads time only through its injected [`Clock`]. [`thread`] runs an engine in its own thread and
+//! [`publisher`] sends its events.
 
+pub mod clock;
 pub mod executor;
 pub mod model_executor;
+pub mod publisher;
 pub mod rates;
 pub mod request;
 pub mod resident;
@@ -17,7 +21,7 @@ pub mod thread;
 pub mod tiering;
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvroute_proto::BlockHash;
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, FinishReason, KvEvent, Tier};
@@ -25,6 +29,7 @@ use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, FinishReason, KvEve
 use crate::block_manager::{BlockId, BlockManager, EventSink, PoolBlock};
 use crate::model::sampling::Sampler;
 use crate::tiers::host::BlockBytes;
+pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use executor::{ChunkSpec, Executor};
 use rates::StepRates;
 pub use request::{GenerateError, Output, OutputSink, Usage};
@@ -76,7 +81,7 @@ impl Default for EngineConfig {
             max_batch_tokens: 512,
             max_running: 32,
             max_waiting: 256,
-            max_queue_delay: None,
+            max_queue_delay: Some(Duration::from_secs(10)),
             watermark: 0.01,
             preemption: PreemptionMode::Recompute,
             max_context: 4096,
@@ -97,6 +102,8 @@ pub struct EngineStats {
     pub preemptions_recompute: u64,
     pub preemptions_swap: u64,
     pub requests_finished: u64,
+    /// Requests dropped before they finished because their caller went away.
+    pub requests_cancelled: u64,
     pub rejected_total: u64,
     /// Marginal prefill tokens per second: what a step absorbs beyond its decodes ([`rates`]).
     pub prefill_tokens_per_second: f64,
@@ -122,8 +129,8 @@ struct Sequence {
     prefetched: Prefetched,
     /// Full-block hashes of the first `.0` tokens, kept while the sequence waits for admission.
     hashes: Option<(usize, Vec<BlockHash>)>,
-    /// When it joined the waiting queue (on arrival, or when preempted).
-    queued_at: Instant,
+    /// When it joined the waiting queue (on arrival, or when preempted), on the engine's clock.
+    queued_at: Duration,
 }
 
 impl Sequence {
@@ -160,7 +167,10 @@ pub struct Engine<E: Executor> {
     rates: StepRates,
     tiering: Tiering,
     /// When the latest requests left the waiting queue (at most [`DEPARTURES_KEPT`]), for its drain rate.
-    departures: VecDeque<Instant>,
+    departures: VecDeque<Duration>,
+    clock: Box<dyn Clock>,
+    /// Ids of requests that finished or were dropped since the last [`Engine::take_finished_ids`].
+    finished_ids: Vec<u64>,
 }
 
 /// Departures from the waiting queue kept to measure its drain rate.
@@ -181,7 +191,25 @@ impl<E: Executor> Engine<E> {
             rates: StepRates::default(),
             tiering: Tiering::default(),
             departures: VecDeque::new(),
+            clock: Box::new(MonotonicClock::default()),
+            finished_ids: Vec::new(),
         }
+    }
+
+    /// Reads time from `clock` instead of the machine's monotonic clock.
+    pub fn with_clock(mut self, clock: Box<dyn Clock>) -> Engine<E> {
+        self.clock = clock;
+        self
+    }
+
+    /// The id the next accepted request gets (ids increase by one per accepted request).
+    pub fn next_request_id(&self) -> u64 {
+        self.next_id
+    }
+
+    /// Ids of the requests that finished, or were dropped, since the last call.
+    pub fn take_finished_ids(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.finished_ids)
     }
 
     /// Adds the host and network tiers below the pool.
@@ -282,10 +310,11 @@ impl<E: Executor> Engine<E> {
             return Some(format!("the agent's queue is full ({} waiting)", self.config.max_waiting));
         }
         let limit = self.config.max_queue_delay?;
-        let oldest = self.waiting.iter().map(|seq| seq.queued_at.elapsed()).max()?;
+        let now = self.clock.now();
+        let oldest = self.waiting.iter().map(|seq| now.saturating_sub(seq.queued_at)).max()?;
         let drained = match (self.departures.front(), self.departures.back()) {
             (Some(first), Some(last)) if self.departures.len() > 1 && last > first => {
-                let rate = (self.departures.len() - 1) as f64 / last.duration_since(*first).as_secs_f64();
+                let rate = (self.departures.len() - 1) as f64 / (*last - *first).as_secs_f64();
                 Duration::from_secs_f64(self.waiting.len() as f64 / rate)
             }
             _ => Duration::ZERO,
@@ -305,11 +334,12 @@ impl<E: Executor> Engine<E> {
         self.submit_prefetched(request, output, Prefetched::default())
     }
 
-    /// Queues a request with blocks already fetched from the network tier.
+    /// Queues a request with blocks already fetched from the network tier; tells `output` its id
+    /// ([`OutputSink::accepted`]) before anything else.
     pub fn submit_prefetched(
         &mut self,
         request: AgentGenerateRequest,
-        output: Box<dyn OutputSink>,
+        mut output: Box<dyn OutputSink>,
         prefetched: Prefetched,
     ) -> Result<u64, GenerateError> {
         self.validate(&request)?;
@@ -324,6 +354,7 @@ impl<E: Executor> Engine<E> {
             stop_ids.extend(&self.eos_ids);
         }
         let sampler = Sampler::new(request.sampling, id);
+        output.accepted(id);
         self.waiting.push_back(Sequence {
             id,
             tokens: request.prompt.clone(),
@@ -337,32 +368,55 @@ impl<E: Executor> Engine<E> {
             swapped: None,
             prefetched,
             hashes: None,
-            queued_at: Instant::now(),
+            queued_at: self.clock.now(),
         });
         Ok(id)
     }
 
-    /// Drops a request wherever it is (the client went away).
+    /// Drops a request wherever it is (its caller went away): its pool blocks, the host memory its swapped
+    /// blocks hold, and its prefetched blocks are freed at once.
     pub fn cancel(&mut self, id: u64) {
-        if let Some(pos) = self.waiting.iter().position(|seq| seq.id == id) {
-            self.waiting.remove(pos);
+        let seq = if let Some(pos) = self.waiting.iter().position(|seq| seq.id == id) {
+            self.waiting.remove(pos)
+        } else if let Some(pos) = self.running.iter().position(|seq| seq.id == id) {
+            Some(self.running.remove(pos))
+        } else {
+            None
+        };
+        let Some(seq) = seq else { return };
+        self.blocks.release(seq.id);
+        if let Some(saved) = &seq.swapped {
+            self.tiering.release_swap((saved.len() * self.executor.bytes_per_block()) as u64);
         }
-        if let Some(pos) = self.running.iter().position(|seq| seq.id == id) {
-            let seq = self.running.remove(pos);
-            self.blocks.release(seq.id);
+        self.stats.requests_cancelled += 1;
+        self.finished_ids.push(seq.id);
+    }
+
+    /// Cancels every request whose caller is gone ([`OutputSink::is_closed`]).
+    fn drop_abandoned(&mut self) {
+        let abandoned: Vec<u64> =
+            self.waiting.iter().chain(&self.running).filter(|seq| seq.output.is_closed()).map(|seq| seq.id).collect();
+        for id in abandoned {
+            self.cancel(id);
         }
     }
 
     /// Runs one scheduling step and one forward pass.
     pub fn step(&mut self) -> StepReport {
+        self.drop_abandoned();
         let mut report = StepReport::default();
         let mut budget = self.config.max_batch_tokens.max(1);
         // (sequence id, tokens computed this step)
         let mut plan: Vec<(u64, usize)> = Vec::new();
 
-        // 1. Decodes: one token each; preempt the newest when the pool is full.
-        let decode_ids: Vec<u64> =
-            self.running.iter().filter(|s| s.computed + 1 == s.tokens.len()).map(|s| s.id).collect();
+        // 1. Decodes: one token each; preempt the newest when the pool is full. A sequence whose caller has
+        //    not taken its earlier tokens yet waits (back-pressure), keeping its blocks.
+        let decode_ids: Vec<u64> = self
+            .running
+            .iter()
+            .filter(|s| s.computed + 1 == s.tokens.len() && s.output.has_room())
+            .map(|s| s.id)
+            .collect();
         for id in decode_ids {
             if budget == 0 {
                 break;
@@ -390,7 +444,8 @@ impl<E: Executor> Engine<E> {
                 break;
             }
             let pending = seq.tokens.len() - seq.computed;
-            if pending > 0 && !plan.iter().any(|(id, _)| *id == seq.id) {
+            let samples = pending <= budget;
+            if pending > 0 && !plan.iter().any(|(id, _)| *id == seq.id) && (!samples || seq.output.has_room()) {
                 let chunk = pending.min(budget);
                 plan.push((seq.id, chunk));
                 budget -= chunk;
@@ -454,7 +509,7 @@ impl<E: Executor> Engine<E> {
             if self.departures.len() == DEPARTURES_KEPT {
                 self.departures.pop_front();
             }
-            self.departures.push_back(Instant::now());
+            self.departures.push_back(self.clock.now());
             self.running.push(seq);
         }
 
@@ -467,7 +522,7 @@ impl<E: Executor> Engine<E> {
     }
 
     fn execute(&mut self, plan: Vec<(u64, usize)>, report: &mut StepReport) {
-        let started = Instant::now();
+        let started = self.clock.now();
         let mut chunks = Vec::with_capacity(plan.len());
         for &(id, len) in &plan {
             let Some(seq) = self.running.iter().find(|s| s.id == id) else { continue };
@@ -489,7 +544,8 @@ impl<E: Executor> Engine<E> {
                 .collect();
             self.executor.execute(&specs)
         };
-        let elapsed = self.executor.modelled_seconds().unwrap_or_else(|| started.elapsed().as_secs_f64());
+        let elapsed =
+            self.executor.modelled_seconds().unwrap_or_else(|| self.clock.now().saturating_sub(started).as_secs_f64());
         let mut prefill = 0;
         let mut decode = 0;
         let mut sampled = 0;
@@ -542,6 +598,7 @@ impl<E: Executor> Engine<E> {
                 let seq = self.running.remove(pos);
                 self.blocks.release(seq.id);
                 self.stats.requests_finished += 1;
+                self.finished_ids.push(seq.id);
                 report.finished += 1;
             }
         }
@@ -553,7 +610,7 @@ impl<E: Executor> Engine<E> {
             sampled,
             attended,
             forward_seconds = elapsed,
-            step_seconds = started.elapsed().as_secs_f64(),
+            step_seconds = self.clock.now().saturating_sub(started).as_secs_f64(),
         );
         self.update_rates(prefill, decode, elapsed);
         report.prefill_tokens = prefill;
@@ -581,7 +638,7 @@ impl<E: Executor> Engine<E> {
             self.stats.preemptions_recompute += 1;
         }
         self.blocks.release(id);
-        seq.queued_at = Instant::now();
+        seq.queued_at = self.clock.now();
         self.waiting.push_front(seq);
     }
 
@@ -633,7 +690,7 @@ impl<E: Executor> Engine<E> {
         let use_host = tiering::reload_beats_recompute(self.tiering.host_bandwidth(), per_token, prefill);
         let mut index = matched;
         let (mut host, mut network) = (0, 0);
-        let started = Instant::now();
+        let started = self.clock.now();
         while use_host && index < hashes.len() {
             let Some(bytes) = self.tiering.host_block(&hashes[index]) else { break };
             if self.executor.write_block(table[index], &bytes).is_err() {
@@ -644,7 +701,10 @@ impl<E: Executor> Engine<E> {
         }
         if host > 0 {
             let bytes = host * self.executor.bytes_per_block();
-            let seconds = self.executor.modelled_copy_seconds(bytes).unwrap_or_else(|| started.elapsed().as_secs_f64());
+            let seconds = self
+                .executor
+                .modelled_copy_seconds(bytes)
+                .unwrap_or_else(|| self.clock.now().saturating_sub(started).as_secs_f64());
             self.tiering.record_host_copy(bytes, seconds);
             crate::metrics::record_tier_hit(Tier::Host, host * self.blocks.block_size(), host);
         }

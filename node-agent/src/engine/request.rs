@@ -26,6 +26,17 @@ pub struct Output {
 /// gone, and the engine then drops the request.
 pub trait OutputSink: Send {
     fn send(&mut self, output: Output) -> bool;
+    /// The engine accepted the request under `request_id`; called once, before any output.
+    fn accepted(&mut self, _request_id: u64) {}
+    /// The requester is gone: the engine drops the request at its next step.
+    fn is_closed(&self) -> bool {
+        false
+    }
+    /// Whether `send` can take one more output now; the engine holds back the request's next token until
+    /// it can.
+    fn has_room(&self) -> bool {
+        true
+    }
 }
 
 impl<F: FnMut(Output) -> bool + Send> OutputSink for F {

@@ -1,6 +1,7 @@
 //! What the pool and host RAM hold, as of the engine thread's last step.
 //!
-//! The engine thread applies its own KV events here after every step, so the server can tell which of a
+//! The publisher applies the engine's KV events here as it sends them (so a snapshot made from this view
+//! agrees with the deltas that follow it), and the server can tell which of a
 //! prompt's blocks to fetch from the network tier without waiting for the engine to finish a step (a wait
 //! that would add a whole step to every request's time to first token while the engine is busy). The
 //! view is a hint at most one step old: blocks evicted since then are recomputed, as any miss is.
@@ -73,6 +74,15 @@ impl ResidentView {
                 }
             }
         }
+    }
+
+    /// Everything the pool and host RAM hold, as the events that store it (a snapshot).
+    pub fn snapshot_events(&self) -> Vec<KvEvent> {
+        let Ok(resident) = self.0.read() else { return Vec::new() };
+        vec![
+            KvEvent::Stored { tier: Tier::Gpu, hashes: resident.gpu.iter().copied().collect() },
+            KvEvent::Stored { tier: Tier::Host, hashes: resident.host.iter().copied().collect() },
+        ]
     }
 
     /// How many leading blocks of `hashes` the pool or host RAM held at the last step.

@@ -1,13 +1,13 @@
 //! Runs an [`Engine`] in its own thread and connects it to async callers.
 //!
-//! The thread owns the engine; callers talk to it through [`EngineHandle`]
-//! (commands over a channel). It steps while there is work, publishes the
-//! block manager's events to every subscriber right after each step, and a
-//! heartbeat with load statistics every [`HEARTBEAT`]. It keeps a [`ResidentView`]
-//! of the pool and host RAM that callers read without waiting for a step.
+//! The thread owns the engine; callers talk to it through [`EngineHandle`] (commands over a bounded
+//! channel: past [`COMMAND_QUEUE`] unread commands a new request is refused as overloaded). It steps while
+//! there is work and, after every step, hands its KV events, finished requests and load to the
+//! [`publisher`](super::publisher), which sends them and the heartbeats from a thread of its own. The
+//! publisher keeps a [`ResidentView`] of the pool and host RAM that callers read without waiting for a step.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::mpsc::{self, RecvTimeoutError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -16,14 +16,20 @@ use kvroute_proto::block_hash::BlockHash;
 use kvroute_proto::domain::{AgentGenerateRequest, KvEvent, KvEventBatch, LoadStats};
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 
+pub use super::publisher::{HEARTBEAT, StreamIdentity};
+use super::publisher::{Handover, PublisherHandle, StepProgress};
 use super::resident::{Probe, ResidentView};
 use super::{Engine, EngineStats, Executor, GenerateError, OutputSink, Prefetched};
 use crate::block_manager::EventSink;
 use crate::metrics;
 use crate::tiers::network::NetworkTier;
 
-/// Interval of load heartbeats on the event stream.
-pub const HEARTBEAT: Duration = Duration::from_millis(100);
+/// Commands queued for the engine thread at most; a request arriving past that is refused as overloaded.
+pub const COMMAND_QUEUE: usize = 1024;
+
+/// How long the engine thread waits for a command when it has requests but none could make progress in its
+/// last step (every one is waiting for its caller to read its earlier tokens).
+const STALLED_POLL: Duration = Duration::from_millis(2);
 
 /// Events buffered between the block manager and the publisher.
 #[derive(Clone, Default)]
@@ -58,33 +64,16 @@ enum Command {
         prefetched: Prefetched,
         reply: oneshot::Sender<Result<u64, GenerateError>>,
     },
-    Cancel(u64),
-    Subscribe(tokio_mpsc::Sender<KvEventBatch>),
     Stats(oneshot::Sender<EngineStats>),
     Drain,
     Shutdown,
 }
 
-/// Capacity of one subscriber's queue; a subscriber that falls this far
-/// behind is dropped and must resubscribe (it gets a fresh snapshot).
-const SUBSCRIBER_QUEUE: usize = 1024;
-
-struct Subscriber {
-    sender: tokio_mpsc::Sender<KvEventBatch>,
-    seq: u64,
-}
-
-/// Identity stamped on every event batch.
-#[derive(Clone, Debug)]
-pub struct StreamIdentity {
-    pub agent_id: String,
-    pub epoch: u64,
-}
-
 /// A handle to the engine thread; cheap to clone.
 #[derive(Clone)]
 pub struct EngineHandle {
-    commands: mpsc::Sender<Command>,
+    commands: mpsc::SyncSender<Command>,
+    publisher: PublisherHandle,
     thread: Arc<Mutex<Option<JoinHandle<()>>>>,
     /// Set by the engine thread after every step while it would refuse new requests as overloaded.
     refusing: Arc<AtomicBool>,
@@ -92,20 +81,39 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
-    /// Starts the engine thread. `sink` must be the sink the engine's block
-    /// manager was built with.
+    /// Starts the engine thread and its publisher. `sink` must be the sink the engine's block manager was
+    /// built with.
     pub fn spawn<E: Executor + Send + 'static>(
         engine: Engine<E>,
         sink: SharedSink,
         identity: StreamIdentity,
         network: Option<NetworkTier>,
-    ) -> EngineHandle {
-        let (commands, receiver) = mpsc::channel();
+    ) -> std::io::Result<EngineHandle> {
+        let (commands, receiver) = mpsc::sync_channel(COMMAND_QUEUE);
         let refusing = Arc::new(AtomicBool::new(false));
         let resident = Arc::new(ResidentView::default());
-        let engine_loop = EngineLoop::new(engine, sink, identity, network, refusing.clone(), resident.clone());
-        let thread = std::thread::Builder::new().name("engine".into()).spawn(move || engine_loop.run(receiver)).ok();
-        EngineHandle { commands, thread: Arc::new(Mutex::new(thread)), refusing, resident }
+        let progress = Arc::new(StepProgress::default());
+        let engine_loop = EngineLoop {
+            engine,
+            sink,
+            network,
+            refusing: refusing.clone(),
+            progress: progress.clone(),
+            draining: false,
+        };
+        let initial = Handover { events: engine_loop.engine.snapshot_events(), ..engine_loop.handover(Vec::new()) };
+        let publisher = PublisherHandle::spawn(identity, resident.clone(), progress, initial)?;
+        let loop_publisher = publisher.clone();
+        let thread =
+            std::thread::Builder::new().name("engine".into()).spawn(move || engine_loop.run(receiver, loop_publisher));
+        let thread = match thread {
+            Ok(thread) => thread,
+            Err(error) => {
+                publisher.shutdown();
+                return Err(error);
+            }
+        };
+        Ok(EngineHandle { commands, publisher, thread: Arc::new(Mutex::new(Some(thread))), refusing, resident })
     }
 
     /// Whether the engine refuses new requests as overloaded (as of its last step): the server answers
@@ -123,8 +131,16 @@ impl EngineHandle {
         prefetched: Prefetched,
     ) -> Result<u64, GenerateError> {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::Submit { request, output, prefetched, reply })?;
-        answer.await.map_err(|_| GenerateError::Unavailable("the engine stopped".into()))?
+        match self.commands.try_send(Command::Submit { request, output, prefetched, reply }) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                return Err(GenerateError::Overloaded(format!(
+                    "the agent is overloaded: {COMMAND_QUEUE} requests are queued for its engine"
+                )));
+            }
+            Err(TrySendError::Disconnected(_)) => return Err(stopped()),
+        }
+        answer.await.map_err(|_| stopped())?
     }
 
     /// How many leading blocks of a chain the pool and host RAM held at the engine's last step.
@@ -132,21 +148,15 @@ impl EngineHandle {
         self.resident.probe(hashes)
     }
 
-    pub fn cancel(&self, id: u64) {
-        let _ = self.send(Command::Cancel(id));
-    }
-
     /// A stream of event batches: a snapshot first, then deltas and heartbeats.
     pub fn subscribe(&self) -> Result<tokio_mpsc::Receiver<KvEventBatch>, GenerateError> {
-        let (sender, receiver) = tokio_mpsc::channel(SUBSCRIBER_QUEUE);
-        self.send(Command::Subscribe(sender))?;
-        Ok(receiver)
+        self.publisher.subscribe().ok_or_else(stopped)
     }
 
     pub async fn stats(&self) -> Result<EngineStats, GenerateError> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Stats(reply))?;
-        answer.await.map_err(|_| GenerateError::Unavailable("the engine stopped".into()))
+        answer.await.map_err(|_| stopped())
     }
 
     /// Stops admitting new requests; running and queued ones finish.
@@ -154,7 +164,7 @@ impl EngineHandle {
         let _ = self.send(Command::Drain);
     }
 
-    /// Stops the thread and waits for it.
+    /// Stops the threads and waits for the engine's.
     pub fn shutdown(&self) {
         let _ = self.send(Command::Shutdown);
         if let Ok(mut thread) = self.thread.lock()
@@ -162,45 +172,71 @@ impl EngineHandle {
         {
             let _ = thread.join();
         }
+        self.publisher.shutdown();
     }
 
+    /// Sends a command the engine must see (not a request: those are refused when the queue is full).
     fn send(&self, command: Command) -> Result<(), GenerateError> {
-        self.commands.send(command).map_err(|_| GenerateError::Unavailable("the engine stopped".into()))
+        self.commands.send(command).map_err(|_| stopped())
     }
+}
+
+fn stopped() -> GenerateError {
+    GenerateError::Unavailable("the engine stopped".into())
 }
 
 struct EngineLoop<E: Executor> {
     engine: Engine<E>,
     sink: SharedSink,
-    identity: StreamIdentity,
-    subscribers: Vec<Subscriber>,
-    draining: bool,
-    next_heartbeat: Instant,
     network: Option<NetworkTier>,
     refusing: Arc<AtomicBool>,
-    resident: Arc<ResidentView>,
+    progress: Arc<StepProgress>,
+    draining: bool,
 }
 
 impl<E: Executor> EngineLoop<E> {
-    fn new(
-        engine: Engine<E>,
-        sink: SharedSink,
-        identity: StreamIdentity,
-        network: Option<NetworkTier>,
-        refusing: Arc<AtomicBool>,
-        resident: Arc<ResidentView>,
-    ) -> Self {
-        resident.apply(&engine.snapshot_events(), engine.bytes_per_token(), engine.stats().prefill_tokens_per_second);
-        EngineLoop {
-            engine,
-            sink,
-            identity,
-            subscribers: Vec::new(),
-            draining: false,
-            next_heartbeat: Instant::now(),
-            network,
-            refusing,
-            resident,
+    fn run(mut self, commands: mpsc::Receiver<Command>, publisher: PublisherHandle) {
+        let mut progressed = false;
+        let mut next_metrics = Instant::now();
+        loop {
+            // Idle, the thread still wakes every heartbeat: the network tier's writer adds events to the
+            // sink from outside the engine, and they are handed over from here, in order.
+            let wait = match (self.engine.has_work(), progressed) {
+                (true, true) => Duration::ZERO,
+                (true, false) => STALLED_POLL,
+                (false, _) => HEARTBEAT,
+            };
+            match commands.recv_timeout(wait) {
+                Ok(command) => {
+                    if !self.handle(command, &publisher) {
+                        return;
+                    }
+                    while let Ok(command) = commands.try_recv() {
+                        if !self.handle(command, &publisher) {
+                            return;
+                        }
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            progressed = false;
+            if self.engine.has_work() {
+                self.progress.begin();
+                progressed = !self.engine.step().is_idle();
+                self.progress.end();
+            }
+            self.refusing.store(self.engine.admission_refusal().is_some(), Ordering::Relaxed);
+            let events = self.take_events();
+            let finished = self.engine.take_finished_ids();
+            publisher.hand_over(Handover { events, ..self.handover(finished) });
+            if Instant::now() >= next_metrics {
+                metrics::record_engine(&self.engine);
+                next_metrics = Instant::now() + HEARTBEAT;
+            }
+            if self.draining && !self.engine.has_work() {
+                publisher.drained();
+            }
         }
     }
 
@@ -211,52 +247,21 @@ impl<E: Executor> EngineLoop<E> {
         events
     }
 
-    fn run(mut self, commands: mpsc::Receiver<Command>) {
-        loop {
-            let wait = if self.engine.has_work() {
-                Duration::ZERO
-            } else {
-                self.next_heartbeat.saturating_duration_since(Instant::now())
-            };
-            match commands.recv_timeout(wait) {
-                Ok(command) => {
-                    if !self.handle(command) {
-                        return;
-                    }
-                    while let Ok(command) = commands.try_recv() {
-                        if !self.handle(command) {
-                            return;
-                        }
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
-            }
-            if self.engine.has_work() {
-                self.engine.step();
-            }
-            self.refusing.store(self.engine.admission_refusal().is_some(), Ordering::Relaxed);
-            let events = self.take_events();
-            let engine = &self.engine;
-            self.resident.apply(&events, engine.bytes_per_token(), engine.stats().prefill_tokens_per_second);
-            if !events.is_empty() {
-                self.publish(events);
-            }
-            if Instant::now() >= self.next_heartbeat {
-                metrics::record_engine(&self.engine);
-                self.publish(Vec::new());
-                self.next_heartbeat = Instant::now() + HEARTBEAT;
-            }
-            // Drained: subscribers were told (`draining` in every batch since the drain began); ending their
-            // streams lets the server's graceful shutdown finish instead of waiting on them forever.
-            if self.draining && !self.engine.has_work() {
-                self.subscribers.clear();
-            }
+    /// A hand-over of the engine's current load, with `finished` and no events.
+    fn handover(&self, finished: Vec<u64>) -> Handover {
+        let engine = &self.engine;
+        Handover {
+            events: Vec::new(),
+            finished_request_ids: finished,
+            next_request_id: engine.next_request_id(),
+            load: self.load(),
+            bytes_per_token: engine.bytes_per_token(),
+            prefill_tokens_per_second: engine.stats().prefill_tokens_per_second,
         }
     }
 
     /// Returns false to stop the loop.
-    fn handle(&mut self, command: Command) -> bool {
+    fn handle(&mut self, command: Command, publisher: &PublisherHandle) -> bool {
         match command {
             Command::Submit { request, output, prefetched, reply } => {
                 let result = if self.draining {
@@ -269,14 +274,12 @@ impl<E: Executor> EngineLoop<E> {
                 }
                 let _ = reply.send(result);
             }
-            Command::Cancel(id) => self.engine.cancel(id),
-            Command::Subscribe(sender) => self.add_subscriber(sender),
             Command::Stats(reply) => {
                 let _ = reply.send(self.engine.stats().clone());
             }
             Command::Drain => {
                 self.draining = true;
-                self.publish(Vec::new());
+                publisher.hand_over(self.handover(Vec::new()));
             }
             Command::Shutdown => return false,
         }
@@ -299,51 +302,8 @@ impl<E: Executor> EngineLoop<E> {
             network_tier_up: self.network.as_ref().is_some_and(NetworkTier::is_up),
             draining: self.draining,
             queue_capacity: self.engine.config().max_waiting as u32,
+            step_in_progress: false,
+            step_seconds: 0.0,
         }
-    }
-
-    fn add_subscriber(&mut self, sender: tokio_mpsc::Sender<KvEventBatch>) {
-        // Deliver pending deltas to existing subscribers first, so the new
-        // subscriber's snapshot and everyone's later deltas agree.
-        let pending = self.take_events();
-        if !pending.is_empty() {
-            self.publish(pending);
-        }
-        let snapshot = KvEventBatch {
-            agent_id: self.identity.agent_id.clone(),
-            epoch: self.identity.epoch,
-            seq: 0,
-            snapshot: true,
-            events: self.engine.snapshot_events(),
-            load: self.load(),
-            sent_unix_micros: KvEventBatch::now_unix_micros(),
-        };
-        if sender.try_send(snapshot).is_ok() {
-            self.subscribers.push(Subscriber { sender, seq: 1 });
-        }
-    }
-
-    fn publish(&mut self, events: Vec<KvEvent>) {
-        if self.subscribers.is_empty() {
-            return;
-        }
-        let load = self.load();
-        let identity = &self.identity;
-        let sent_unix_micros = KvEventBatch::now_unix_micros();
-        self.subscribers.retain_mut(|subscriber| {
-            let batch = KvEventBatch {
-                agent_id: identity.agent_id.clone(),
-                epoch: identity.epoch,
-                seq: subscriber.seq,
-                snapshot: false,
-                events: events.clone(),
-                load: load.clone(),
-                sent_unix_micros,
-            };
-            subscriber.seq += 1;
-            // A full or closed queue ends the subscription; the subscriber
-            // sees the stream end and resubscribes for a fresh snapshot.
-            subscriber.sender.try_send(batch).is_ok()
-        });
     }
 }

@@ -3,6 +3,9 @@
 //! go to the network tier's write queue, and admission extends a prompt's pool
 //! match from host RAM and from prefetched network blocks.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use kvroute_proto::block_hash::BlockHash;
 use kvroute_proto::domain::{KvEvent, Tier};
 
@@ -13,16 +16,84 @@ use crate::tiers::host::{BlockBytes, HostTier};
 pub type SpillFn = Box<dyn FnMut(BlockHash, BlockBytes) -> bool + Send>;
 
 /// Blocks fetched from the network tier for one request, by chain position.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct Prefetched {
     /// Index of the first fetched block in the prompt's chain.
     pub first_block: usize,
     pub blocks: Vec<BlockBytes>,
+    /// The share of the [`PrefetchBudget`] the blocks hold, returned when they are dropped.
+    pub hold: Option<BudgetHold>,
 }
 
 impl Prefetched {
     pub fn get(&self, block_index: usize) -> Option<&BlockBytes> {
         block_index.checked_sub(self.first_block).and_then(|i| self.blocks.get(i))
+    }
+}
+
+/// Bytes of fetched network-tier blocks that requests waiting for admission may hold at once, so that a
+/// burst of long prompts cannot fill the agent's memory with blocks it has not placed yet.
+#[derive(Clone, Debug)]
+pub struct PrefetchBudget {
+    limit: u64,
+    held: Arc<AtomicU64>,
+}
+
+/// A share of a [`PrefetchBudget`]; dropping it returns the bytes.
+#[derive(Debug)]
+pub struct BudgetHold {
+    bytes: u64,
+    held: Arc<AtomicU64>,
+}
+
+impl PrefetchBudget {
+    pub fn new(limit_bytes: u64) -> PrefetchBudget {
+        PrefetchBudget { limit: limit_bytes, held: Arc::default() }
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// Holds as many whole `unit`s as fit, at most `wanted`; None when not one fits.
+    pub fn hold_up_to(&self, wanted: usize, unit: u64) -> Option<(usize, BudgetHold)> {
+        if wanted == 0 || unit == 0 {
+            return None;
+        }
+        let mut held = self.held.load(Ordering::Acquire);
+        loop {
+            let fits = (self.limit.saturating_sub(held) / unit).min(wanted as u64);
+            if fits == 0 {
+                return None;
+            }
+            let bytes = fits * unit;
+            match self.held.compare_exchange_weak(held, held + bytes, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    metrics::record_prefetch_held(held + bytes);
+                    return Some((fits as usize, BudgetHold { bytes, held: self.held.clone() }));
+                }
+                Err(now) => held = now,
+            }
+        }
+    }
+}
+
+impl BudgetHold {
+    /// Returns all but `bytes` of the hold (the fetch brought back fewer blocks than were asked for).
+    pub fn shrink_to(&mut self, bytes: u64) {
+        if bytes < self.bytes {
+            let before = self.held.fetch_sub(self.bytes - bytes, Ordering::AcqRel);
+            metrics::record_prefetch_held(before - (self.bytes - bytes));
+            self.bytes = bytes;
+        }
+    }
+}
+
+impl Drop for BudgetHold {
+    fn drop(&mut self) {
+        let before = self.held.fetch_sub(self.bytes, Ordering::AcqRel);
+        metrics::record_prefetch_held(before - self.bytes);
     }
 }
 
@@ -162,5 +233,20 @@ mod tests {
         assert!(reload_beats_recompute(1e9, 23_040.0, 2_000.0));
         assert!(!reload_beats_recompute(1e7, 23_040.0, 2_000.0));
         assert!(reload_beats_recompute(0.0, 23_040.0, 2_000.0));
+    }
+
+    #[test]
+    fn the_prefetch_budget_grants_whole_blocks_and_takes_them_back_when_dropped() {
+        let budget = PrefetchBudget::new(10);
+        let (granted, mut first) = budget.hold_up_to(8, 3).expect("three blocks of 3 bytes fit in 10");
+        assert_eq!((granted, budget.held()), (3, 9));
+        assert!(budget.hold_up_to(1, 3).is_none(), "1 byte left holds no block");
+        first.shrink_to(3);
+        assert_eq!(budget.held(), 3);
+        let (granted, second) = budget.hold_up_to(5, 3).expect("7 bytes left");
+        assert_eq!((granted, budget.held()), (2, 9));
+        drop(first);
+        drop(second);
+        assert_eq!(budget.held(), 0);
     }
 }
