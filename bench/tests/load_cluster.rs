@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kvroute_test_support::{ChildProcess, free_port, http_request, project_binary, wait_for_tcp};
+use kvroute_test_support::{ChildProcess, free_port, http_request, project_binary};
 use serde_json::Value;
 
 fn addr() -> SocketAddr {
@@ -23,8 +23,8 @@ fn chat_and_trace_runs_report_what_they_measured() {
         .args(["--model", "tiny-random", "--num-blocks", "1024", "--listen", &agent.to_string()])
         .args(["--metrics-addr", &metrics.to_string()])
         .stderr(Stdio::null());
-    let _agent = ChildProcess::spawn("node-agent", &mut command).unwrap();
-    wait_for_tcp(agent, Duration::from_secs(60)).unwrap();
+    let mut _agent = ChildProcess::spawn("node-agent", &mut command).unwrap();
+    _agent.wait_for_tcp(agent, Duration::from_secs(60)).unwrap();
     let (http, grpc) = (addr(), addr());
     let mut command = Command::new(project_binary("kvroute-gateway", "gateway"));
     command

@@ -27,9 +27,9 @@ pub struct ServeArgs {
     /// A file of node-agent addresses (`host:port` per line, `#` comments) re-read periodically.
     #[arg(long)]
     pub agents_file: Option<PathBuf>,
-    /// Seconds between DNS re-resolutions (and re-reads of --agents-file).
-    #[arg(long, default_value_t = 5)]
-    pub dns_interval_secs: u64,
+    /// Seconds between DNS re-resolutions (and re-reads of --agents-file); fractions allowed.
+    #[arg(long, default_value_t = 5.0)]
+    pub dns_interval_secs: f64,
     /// Served model id; default: the first replica's.
     #[arg(long)]
     pub model_id: Option<String>,
@@ -125,6 +125,9 @@ impl ServeArgs {
                         and --body-read-timeout-ms must be positive"
                 .into());
         }
+        if !(self.dns_interval_secs.is_finite() && self.dns_interval_secs >= 0.01) {
+            return Err(format!("--dns-interval-secs must be at least 0.01, got {}", self.dns_interval_secs));
+        }
         if let Some(dns) = &self.agents_dns
             && !dns.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
         {
@@ -139,6 +142,10 @@ impl ServeArgs {
             default_max_tokens: self.default_max_tokens,
             ..ServiceConfig::default()
         }
+    }
+
+    pub fn discovery_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.dns_interval_secs)
     }
 
     pub fn heartbeat_timeout(&self) -> Duration {

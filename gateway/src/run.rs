@@ -86,7 +86,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let pool = Pool::new(router.clone() as Arc<dyn IndexSink>, expectations, pool_config)
         .context("starting the index writer")?;
     discovery::add_static(&pool, &args.agents).map_err(anyhow::Error::msg)?;
-    let interval = Duration::from_secs(args.dns_interval_secs.max(1));
+    let interval = args.discovery_interval();
     let sources =
         args.agents_dns.clone().map(Source::Dns).into_iter().chain(args.agents_file.clone().map(Source::File));
     let watchers: Vec<_> = sources

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kvroute_proto::pb::{self, generate_client::GenerateClient};
-use kvroute_test_support::{ChildProcess, free_port, http_request, project_binary, wait_for_tcp};
+use kvroute_test_support::{ChildProcess, free_port, http_request, project_binary};
 use serde_json::{Value, json};
 
 /// Clusters of this file run one at a time: each is several processes on a
@@ -52,8 +52,8 @@ fn start_serving(model: &str, agents: usize, gateway_args: &[&str], ready_header
             .stderr(Stdio::null());
         started.push((ChildProcess::spawn("node-agent", &mut command).unwrap(), grpc, metrics));
     }
-    for (_, grpc, _) in &started {
-        wait_for_tcp(*grpc, Duration::from_secs(60)).unwrap();
+    for (agent, grpc, _) in &mut started {
+        agent.wait_for_tcp(*grpc, Duration::from_secs(60)).unwrap();
     }
     let (http, grpc) = (addr(), addr());
     let list: Vec<String> = started.iter().map(|(_, grpc, _)| grpc.to_string()).collect();
@@ -64,8 +64,8 @@ fn start_serving(model: &str, agents: usize, gateway_args: &[&str], ready_header
         .args(gateway_args)
         .args(if model == "tiny-random" { vec![] } else { vec!["--tokenizer", model] })
         .stderr(Stdio::null());
-    let gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
-    wait_for_tcp(http, Duration::from_secs(30)).unwrap();
+    let mut gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
+    gateway.wait_for_tcp(http, Duration::from_secs(30)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let ready = http_request(http, "GET", "/ready", ready_headers, b"").unwrap();
@@ -307,8 +307,8 @@ fn a_replica_whose_tokenizer_differs_is_refused() {
         .args(["--model", "tiny-random", "--num-blocks", "64", "--listen", &agent_grpc.to_string()])
         .args(["--metrics-addr", &agent_metrics.to_string()])
         .stderr(Stdio::null());
-    let _agent = ChildProcess::spawn("node-agent", &mut command).unwrap();
-    wait_for_tcp(agent_grpc, Duration::from_secs(60)).unwrap();
+    let mut _agent = ChildProcess::spawn("node-agent", &mut command).unwrap();
+    _agent.wait_for_tcp(agent_grpc, Duration::from_secs(60)).unwrap();
     let (http, grpc) = (addr(), addr());
     let smollm2 = kvroute_test_support::smollm2_path();
     let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
@@ -317,8 +317,8 @@ fn a_replica_whose_tokenizer_differs_is_refused() {
         .arg("--tokenizer")
         .arg(&smollm2)
         .stderr(Stdio::null());
-    let _gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
-    wait_for_tcp(http, Duration::from_secs(30)).unwrap();
+    let mut _gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
+    _gateway.wait_for_tcp(http, Duration::from_secs(30)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while metric(http, "kvroute_gateway_replicas_refused_total") < 1.0 {
         assert!(Instant::now() < deadline, "the replica was never refused");

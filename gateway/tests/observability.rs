@@ -15,9 +15,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kvroute_test_support::{
-    ChildProcess, RedisServer, free_port, http_request, project_binary, repo_root, wait_for_tcp,
-};
+use kvroute_test_support::{ChildProcess, RedisServer, free_port, http_request, project_binary, repo_root};
 use serde_json::json;
 
 /// One set of services at a time: several processes on a small machine.
@@ -49,16 +47,16 @@ fn start() -> Services {
         .args(["--redis-url", &redis.url(), "--agent-id", "agent-0"])
         .args(["--listen", &grpc.to_string(), "--metrics-addr", &agent_metrics.to_string()])
         .stderr(Stdio::null());
-    let agent = ChildProcess::spawn("node-agent", &mut command).unwrap();
-    wait_for_tcp(grpc, Duration::from_secs(60)).unwrap();
+    let mut agent = ChildProcess::spawn("node-agent", &mut command).unwrap();
+    agent.wait_for_tcp(grpc, Duration::from_secs(60)).unwrap();
     let http = addr();
     let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
     command
         .args(["--http-addr", &http.to_string(), "--grpc-addr", &addr().to_string()])
         .args(["--agents", &grpc.to_string()])
         .stderr(Stdio::null());
-    let gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
-    wait_for_tcp(http, Duration::from_secs(30)).unwrap();
+    let mut gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
+    gateway.wait_for_tcp(http, Duration::from_secs(30)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while http_request(http, "GET", "/ready", &[], b"").unwrap().status != 200 {
         assert!(Instant::now() < deadline, "the gateway did not become ready");

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kvroute_proto::domain::{AgentInfo, KvEvent, KvEventBatch, Tier};
 use kvroute_proto::pb::{self, agent_client::AgentClient};
-use kvroute_test_support::{ChildProcess, free_port, wait_for_tcp};
+use kvroute_test_support::{ChildProcess, free_port};
 use tonic::Code;
 
 struct Agent {
@@ -28,9 +28,9 @@ fn start_agent(extra: &[&str]) -> Agent {
         .args(["--model", "tiny-random", "--num-blocks", "64", "--block-size", "4", "--agent-id", "test-agent"])
         .args(["--listen", &grpc.to_string(), "--metrics-addr", &metrics.to_string()])
         .args(extra);
-    let process = ChildProcess::spawn("node-agent", &mut command).unwrap();
-    wait_for_tcp(grpc, Duration::from_secs(60)).unwrap();
-    wait_for_tcp(metrics, Duration::from_secs(10)).unwrap();
+    let mut process = ChildProcess::spawn("node-agent", &mut command).unwrap();
+    process.wait_for_tcp(grpc, Duration::from_secs(60)).unwrap();
+    process.wait_for_tcp(metrics, Duration::from_secs(10)).unwrap();
     Agent { process, grpc, metrics }
 }
 

@@ -2,9 +2,10 @@
 //!
 //! - [`RedisServer`]: a real `redis-server` on a free loopback port, in its own
 //!   temporary directory, stopped when dropped.
-//! - [`ChildProcess`]: a process of the project (or any binary) that is killed
-//!   and reaped when dropped, so a failing test leaves no orphans.
-//! - [`free_port`], [`wait_for_tcp`]: small helpers around loopback sockets.
+//! - [`ChildProcess`] ([`process`]): a process of the project (or any binary) that is killed and reaped
+//!   when dropped, so a failing test leaves no orphans, with its stderr kept and printed when the test fails.
+//! - [`free_port`] ([`ports`]): loopback ports that cannot collide within a test run.
+//! - [`wait_until`]: waits for observable state with a deadline (never a bare sleep).
 //! - [`services`]: node-agents and gateways as processes, and a streaming reader of their responses.
 //! - [`tls`]: a certificate authority and a server certificate made at test time.
 //!
@@ -14,102 +15,37 @@
 // This crate exists for tests: failing loudly with a message is its job.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
 
+pub mod ports;
+pub mod process;
 pub mod services;
 pub mod tls;
 
+pub use ports::free_port;
+pub use process::ChildProcess;
+
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A loopback port that was free a moment ago.
-///
-/// The port is found by binding port 0 and releasing it; a race with another
-/// process is possible but rare, and callers wait for their server anyway.
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-    listener.local_addr().expect("local address").port()
-}
-
-/// Waits until something accepts TCP connections on `addr`.
-pub fn wait_for_tcp(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+/// Polls `condition` until it holds, at most until `timeout` has passed; the error names `what` was awaited
+/// and the last value the condition saw. The way to wait for observable state (a metric, an event, a
+/// heartbeat) instead of sleeping for a guessed time.
+pub fn wait_until<T: std::fmt::Debug>(
+    what: &str,
+    timeout: Duration,
+    mut condition: impl FnMut() -> Result<T, String>,
+) -> Result<T, String> {
     let deadline = Instant::now() + timeout;
     loop {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(format!("nothing accepted connections on {addr} within {timeout:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-}
-
-/// A child process that is killed and reaped on drop.
-#[derive(Debug)]
-pub struct ChildProcess {
-    name: String,
-    child: Option<Child>,
-}
-
-impl ChildProcess {
-    /// Spawns `command`, owned by the returned guard.
-    pub fn spawn(name: &str, command: &mut Command) -> std::io::Result<ChildProcess> {
-        let child = command.stdin(Stdio::null()).spawn()?;
-        Ok(ChildProcess { name: name.to_string(), child: Some(child) })
-    }
-
-    pub fn id(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
-    }
-
-    /// Whether the process is still running.
-    pub fn is_running(&mut self) -> bool {
-        match self.child.as_mut() {
-            Some(child) => matches!(child.try_wait(), Ok(None)),
-            None => false,
-        }
-    }
-
-    /// Sends a signal by number (for example 9 for SIGKILL, 19 for SIGSTOP).
-    pub fn signal(&self, signal: i32) -> std::io::Result<()> {
-        let status =
-            Command::new("kill").arg(format!("-{signal}")).arg(self.id().to_string()).stderr(Stdio::null()).status()?;
-        if status.success() { Ok(()) } else { Err(std::io::Error::other(format!("kill -{signal} failed"))) }
-    }
-
-    /// Waits up to `timeout` for the process to exit; returns its exit code.
-    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now() + timeout;
-        let child = self.child.as_mut()?;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Some(status.code().unwrap_or(-1));
+        match condition() {
+            Ok(value) => return Ok(value),
+            Err(last) if Instant::now() >= deadline => {
+                return Err(format!("timed out after {timeout:?} waiting for {what}; last seen: {last}"));
             }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
-    }
-
-    /// Kills the process now and reaps it.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-}
-
-impl Drop for ChildProcess {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 
@@ -281,9 +217,9 @@ fn spawn_redis(binary: &Path, dir: &Path, port: u16, extra_args: &[String]) -> C
         .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
         .arg("--dir")
         .arg(dir)
+        .args(["--logfile", "/dev/stderr"])
         .args(extra_args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stdout(Stdio::null());
     ChildProcess::spawn("redis-server", &mut command).expect("spawn redis-server")
 }
 

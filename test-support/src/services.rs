@@ -5,10 +5,10 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::{ChildProcess, free_port, http_request, project_binary, wait_for_tcp};
+use crate::{ChildProcess, free_port, http_request, project_binary};
 
 /// A fresh loopback address on a free port.
 pub fn loopback() -> SocketAddr {
@@ -46,8 +46,8 @@ impl AgentProcess {
     fn start_with(args: &[&str], log: Option<Log>) -> AgentProcess {
         let args: Vec<String> = args.iter().map(|arg| (*arg).to_string()).collect();
         let (grpc, metrics) = loopback_pair();
-        let process = spawn_agent(&args, grpc, metrics, log.as_ref());
-        wait_for_tcp(grpc, Duration::from_secs(60)).unwrap_or_else(|message| panic!("node-agent: {message}"));
+        let mut process = spawn_agent(&args, grpc, metrics, log.as_ref());
+        process.wait_for_tcp(grpc, Duration::from_secs(60)).unwrap_or_else(|message| panic!("{message}"));
         AgentProcess { process, grpc, metrics, args, log }
     }
 
@@ -60,17 +60,24 @@ impl AgentProcess {
 
     /// Starts the agent again with the same arguments and ports (after it exited or was killed).
     pub fn restart(&mut self) {
-        self.process.kill();
-        self.process = spawn_agent(&self.args, self.grpc, self.metrics, self.log.as_ref());
-        wait_for_tcp(self.grpc, Duration::from_secs(60)).unwrap_or_else(|message| panic!("node-agent: {message}"));
+        self.process
+            .respawn(&mut agent_command(&self.args, self.grpc, self.metrics, self.log.as_ref()))
+            .expect("respawn node-agent");
+        self.process.wait_for_tcp(self.grpc, Duration::from_secs(60)).unwrap_or_else(|message| panic!("{message}"));
     }
 }
 
-fn spawn_agent(args: &[String], grpc: SocketAddr, metrics: SocketAddr, log: Option<&Log>) -> ChildProcess {
+fn agent_command(args: &[String], grpc: SocketAddr, metrics: SocketAddr, log: Option<&Log>) -> Command {
     let mut command = Command::new(project_binary("kvroute-node-agent", "node-agent"));
     command.args(args).args(["--listen", &grpc.to_string(), "--metrics-addr", &metrics.to_string()]);
-    log_to(&mut command, log);
-    ChildProcess::spawn("node-agent", &mut command).expect("spawn node-agent")
+    if let Some(log) = log {
+        command.env("RUST_LOG", &log.filter);
+    }
+    command
+}
+
+fn spawn_agent(args: &[String], grpc: SocketAddr, metrics: SocketAddr, log: Option<&Log>) -> ChildProcess {
+    spawn_logged("node-agent", &mut agent_command(args, grpc, metrics, log), log)
 }
 
 /// Where a child process logs: its stderr appended to `path`, with `RUST_LOG=filter`.
@@ -80,18 +87,13 @@ struct Log {
     filter: String,
 }
 
-/// Sends the child's log to `log`, or nowhere.
-fn log_to(command: &mut Command, log: Option<&Log>) {
-    match log {
-        Some(log) => {
-            let file =
-                std::fs::OpenOptions::new().create(true).append(true).open(&log.path).expect("open the log file");
-            command.stderr(file).env("RUST_LOG", &log.filter);
-        }
-        None => {
-            command.stderr(Stdio::null());
-        }
-    }
+/// Spawns `command` logging to `log`'s file when given (the test reads it), else to a log of its own.
+fn spawn_logged(name: &str, command: &mut Command, log: Option<&Log>) -> ChildProcess {
+    let spawned = match log {
+        Some(log) => ChildProcess::spawn_logging(name, command, &log.path),
+        None => ChildProcess::spawn(name, command),
+    };
+    spawned.unwrap_or_else(|error| panic!("spawn {name}: {error}"))
 }
 
 /// A gateway process: HTTP on `http`, gRPC on `grpc`. Its stderr (the log) goes to `log` when one is given.
@@ -139,8 +141,10 @@ impl GatewayProcess {
 
     /// Starts the gateway again with the same arguments and ports; does not wait for readiness.
     pub fn restart(&mut self) {
-        self.process.kill();
-        self.process = spawn_gateway(&self.args, self.http, self.grpc, self.log.as_ref());
+        self.process
+            .respawn(&mut gateway_command(&self.args, self.http, self.grpc, self.log.as_ref()))
+            .expect("respawn gateway");
+        self.process.wait_for_tcp(self.http, Duration::from_secs(30)).unwrap_or_else(|message| panic!("{message}"));
     }
 
     /// Waits until `/ready` answers 200 with `healthy` healthy replicas.
@@ -156,7 +160,8 @@ impl GatewayProcess {
             }
             if Instant::now() >= deadline {
                 return Err(format!(
-                    "the gateway did not report {healthy} healthy replicas within {timeout:?}: {last}"
+                    "the gateway did not report {healthy} healthy replicas within {timeout:?}: {last}; its stderr:\n{}",
+                    self.process.log_tail()
                 ));
             }
             std::thread::sleep(Duration::from_millis(25));
@@ -171,12 +176,18 @@ fn healthy_replicas(body: &str) -> Option<usize> {
     digits.parse().ok()
 }
 
-fn spawn_gateway(args: &[String], http: SocketAddr, grpc: SocketAddr, log: Option<&Log>) -> ChildProcess {
+fn gateway_command(args: &[String], http: SocketAddr, grpc: SocketAddr, log: Option<&Log>) -> Command {
     let mut command = Command::new(project_binary("kvroute-gateway", "gateway"));
     command.args(args).args(["--http-addr", &http.to_string(), "--grpc-addr", &grpc.to_string()]);
-    log_to(&mut command, log);
-    let process = ChildProcess::spawn("gateway", &mut command).expect("spawn gateway");
-    wait_for_tcp(http, Duration::from_secs(30)).unwrap_or_else(|message| panic!("gateway: {message}"));
+    if let Some(log) = log {
+        command.env("RUST_LOG", &log.filter);
+    }
+    command
+}
+
+fn spawn_gateway(args: &[String], http: SocketAddr, grpc: SocketAddr, log: Option<&Log>) -> ChildProcess {
+    let mut process = spawn_logged("gateway", &mut gateway_command(args, http, grpc, log), log);
+    process.wait_for_tcp(http, Duration::from_secs(30)).unwrap_or_else(|message| panic!("{message}"));
     process
 }
 
