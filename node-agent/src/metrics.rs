@@ -24,6 +24,7 @@ pub const REQUESTS_FINISHED: &str = "kvroute_agent_requests_finished_total";
 pub const REQUESTS_REJECTED: &str = "kvroute_agent_requests_rejected_total";
 pub const REQUESTS_CANCELLED: &str = "kvroute_agent_requests_cancelled_total";
 pub const PREFETCH_BYTES_HELD: &str = "kvroute_agent_prefetch_bytes_held";
+pub const GENERATE_STREAMS: &str = "kvroute_agent_generate_streams";
 pub const PREFILL_TOKENS_PER_SECOND: &str = "kvroute_agent_prefill_tokens_per_second";
 pub const DECODE_STEP_SECONDS: &str = "kvroute_agent_decode_step_seconds";
 
@@ -55,6 +56,10 @@ fn describe() {
          abandoned them)."
     );
     describe_gauge!(
+        GENERATE_STREAMS,
+        "Generate calls in progress: from arrival until their stream ends or is dropped."
+    );
+    describe_gauge!(
         PREFETCH_BYTES_HELD,
         "Bytes of network-tier blocks fetched for requests not yet admitted (bounded by --prefetch-budget-bytes)."
     );
@@ -84,6 +89,10 @@ pub fn record_engine<E: Executor>(engine: &Engine<E>) {
     gauge!(REQUESTS_RUNNING).set(engine.num_running() as f64);
     gauge!(PREFILL_TOKENS_PER_SECOND).set(stats.prefill_tokens_per_second);
     gauge!(DECODE_STEP_SECONDS).set(stats.decode_step_seconds);
+}
+
+pub fn record_open_streams(streams: usize) {
+    gauge!(GENERATE_STREAMS).set(streams as f64);
 }
 
 pub fn record_prefetch_held(bytes: u64) {

@@ -121,6 +121,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         compute_threads,
         "node-agent serving"
     );
+    serve_agent(listener, service, engine, grpc_tls, shutdown_signal()).await
+}
+
+/// Serves `service` (with gRPC reflection, v1 and v1alpha) on `listener` until `shutdown` resolves, then
+/// drains `engine` (new requests are refused, streams in flight finish) and stops it.
+pub async fn serve_agent(
+    listener: tokio::net::TcpListener,
+    service: AgentService,
+    engine: EngineHandle,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     // Reflection in both versions: grpcurl and most tools speak v1, grpcio-reflection (Python) v1alpha.
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(kvroute_proto::FILE_DESCRIPTOR_SET)
@@ -131,7 +143,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let drain_engine = engine.clone();
     let mut server = tonic::transport::Server::builder();
-    if let Some(tls) = grpc_tls {
+    if let Some(tls) = tls {
         server = server.tls_config(tls).context("configuring gRPC TLS")?;
     }
     server
@@ -139,7 +151,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .add_service(reflection)
         .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(incoming, async move {
-            shutdown_signal().await;
+            shutdown.await;
             tracing::info!("shutting down: draining");
             drain_engine.drain();
         })

@@ -7,6 +7,8 @@
 //! gave up on this replica) has its request dropped by the engine at its next step.
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kvroute_proto::BlockHasher;
 use kvroute_proto::domain::{AgentGenerateRequest, AgentInfo, CacheMode};
@@ -33,6 +35,24 @@ pub struct AgentService {
     info: AgentInfo,
     network: Option<NetworkTier>,
     prefetch_budget: PrefetchBudget,
+    /// Generate streams whose caller is still there.
+    open_streams: Arc<AtomicUsize>,
+}
+
+/// Counts one open Generate stream until the stream is dropped (finished, or its caller went away).
+struct OpenStream(Arc<AtomicUsize>);
+
+impl OpenStream {
+    fn new(open: &Arc<AtomicUsize>) -> OpenStream {
+        crate::metrics::record_open_streams(open.fetch_add(1, Ordering::AcqRel) + 1);
+        OpenStream(open.clone())
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        crate::metrics::record_open_streams(self.0.fetch_sub(1, Ordering::AcqRel) - 1);
+    }
 }
 
 impl AgentService {
@@ -42,7 +62,12 @@ impl AgentService {
         network: Option<NetworkTier>,
         prefetch_budget: PrefetchBudget,
     ) -> AgentService {
-        AgentService { engine, info, network, prefetch_budget }
+        AgentService { engine, info, network, prefetch_budget, open_streams: Arc::default() }
+    }
+
+    /// Generate calls in progress: from their arrival until their stream is dropped.
+    pub fn open_streams(&self) -> usize {
+        self.open_streams.load(Ordering::Acquire)
     }
 
     /// Fetches from the network tier the blocks of the prompt that follow what the pool and host RAM hold,
@@ -138,6 +163,7 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         request: Request<pb::AgentGenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
+        let open = OpenStream::new(&self.open_streams);
         let request = AgentGenerateRequest::try_from(request.into_inner())
             .map_err(|error| Status::invalid_argument(error.to_string()))?;
         if self.engine.is_refusing() {
@@ -149,7 +175,11 @@ impl pb::agent_server::Agent for AgentService {
         let prefetched = self.prefetch(&request).await;
         let (sender, receiver) = mpsc::channel(OUTPUT_QUEUE);
         self.engine.submit(request, Box::new(StreamSink(sender)), prefetched).await.map_err(status_of)?;
-        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+        let stream = tokio_stream::StreamExt::map(ReceiverStream::new(receiver), move |message| {
+            let _counted = &open;
+            message
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn subscribe_kv_events(
