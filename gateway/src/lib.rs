@@ -11,7 +11,8 @@
 //!   [`prompts`]: prompts to token ids, run in the [`cpu_pool`] off the async workers; [`admin`]: the
 //!   operator's key for `/debug/route`.
 //! - [`tenants`]: API keys and cache scopes; [`replies`]: exact ids of generated replies.
-//! - [`metrics`]: every exported metric; [`config`], [`cli`], [`run`]: the binary.
+//! - [`metrics`]: the exported metrics (the prompt-job gauge is [`cpu_pool`]'s); [`config`], [`cli`],
+//!   [`run`]: the binary.
 
 pub mod admin;
 pub mod body_deadline;

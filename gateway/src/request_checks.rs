@@ -29,7 +29,10 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_messages: DEFAULT_MAX_MESSAGES, default_max_tokens: 256 }
+        Limits {
+            max_messages: DEFAULT_MAX_MESSAGES,
+            default_max_tokens: crate::service::ServiceConfig::default().default_max_tokens,
+        }
     }
 }
 

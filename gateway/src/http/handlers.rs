@@ -224,7 +224,7 @@ fn stream_response<C, T>(
     started: Instant,
     receiver: mpsc::Receiver<Result<StreamEvent, ServiceError>>,
     include_usage: bool,
-    replies: Option<Arc<Prompts>>,
+    prompts: Option<Arc<Prompts>>,
     mut chunk: C,
 ) -> Response
 where
@@ -248,8 +248,8 @@ where
                     }
                 }
                 Ok(StreamEvent::Finished { reason, usage }) => {
-                    if let Some(replies) = &replies {
-                        replies.remember_reply(&text, &ids);
+                    if let Some(prompts) = &prompts {
+                        prompts.remember_reply(&text, &ids);
                     }
                     let _ = sender.send(json(&chunk((String::new(), Some(reason.as_openai()), None)))).await;
                     if include_usage {
