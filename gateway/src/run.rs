@@ -137,13 +137,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let _ = http_stop.recv().await;
         },
     );
-    // Reflection in both versions: grpcurl speaks v1, grpcio-reflection (Python) and other tools v1alpha.
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kvroute_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kvroute_proto::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    // Reflection in both versions (grpcurl speaks v1, grpcio-reflection and other tools v1alpha), listing the
+    // services this server has: the descriptor set also holds the agents' service.
+    let reflection = |version: &str| {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(kvroute_proto::FILE_DESCRIPTOR_SET)
+            .with_service_name("kvroute.v1.Generate")
+            .with_service_name(format!("grpc.reflection.{version}.ServerReflection"))
+    };
+    let reflection_v1alpha = reflection("v1alpha").build_v1alpha()?;
+    let reflection = reflection("v1").build_v1()?;
     let generate = GenerateService::new(gateway.clone(), tenants, prompts, cpu, args.limits());
     let mut grpc_stop = stop.subscribe();
     let mut grpc_builder = tonic::transport::Server::builder();
