@@ -35,6 +35,8 @@ def container_env(container, config_maps):
             env[var["name"]] = var["value"]
         elif "fieldRef" in var.get("valueFrom", {}):
             env[var["name"]] = "pod-0"  # e.g. metadata.name of a StatefulSet's first pod
+        elif "secretKeyRef" in var.get("valueFrom", {}):
+            env[var["name"]] = "secret"  # e.g. the gateway's admin key
         else:
             fail(f"env {var['name']} of {container['name']}: unsupported source {var}")
     return env

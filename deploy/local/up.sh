@@ -3,7 +3,8 @@
 #   a redis-server for the shared tier (when one is installed),
 #   N node-agents (--agents N, default 2) serving SmolLM2-135M-Instruct
 #   (fetched into ~/.cache/kvroute on first run; tiny-random when that fails),
-#   and the gateway with HTTP on 127.0.0.1:8080 and gRPC on 127.0.0.1:50051.
+#   and the gateway with HTTP on 127.0.0.1:8080 and gRPC on 127.0.0.1:50051
+#   (its /debug/route admin key: $KVROUTE_ADMIN_API_KEY, or one made for the run in .run/admin-api-key).
 # Ctrl-C or SIGTERM stops every process it started. Logs and redis data stay in .run/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -102,8 +103,16 @@ for i in $(seq 0 $((agents - 1))); do
   agent_list+=("127.0.0.1:$port")
 done
 agents_csv=$(IFS=,; echo "${agent_list[*]}")
-target/release/gateway --http-addr "127.0.0.1:$http_port" --grpc-addr "127.0.0.1:$grpc_port" \
-  --agents "$agents_csv" --tokenizer "$tokenizer" --policy "$policy" >"$run_dir/gateway.log" 2>&1 &
+# The admin key /debug/route requires: $KVROUTE_ADMIN_API_KEY when set, else a fresh one for this run, kept in
+# .run/admin-api-key. It reaches the gateway through the environment (a command line is visible to all users).
+admin_key="${KVROUTE_ADMIN_API_KEY:-}"
+if [ -z "$admin_key" ]; then
+  admin_key="local-admin-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
+fi
+(umask 077 && printf '%s\n' "$admin_key" >"$run_dir/admin-api-key")
+KVROUTE_ADMIN_API_KEY="$admin_key" target/release/gateway --http-addr "127.0.0.1:$http_port" \
+  --grpc-addr "127.0.0.1:$grpc_port" --agents "$agents_csv" --tokenizer "$tokenizer" --policy "$policy" \
+  >"$run_dir/gateway.log" 2>&1 &
 pids+=($!)
 
 echo -n "== waiting for the gateway to be ready"
@@ -121,7 +130,7 @@ curl -fsS "http://127.0.0.1:$http_port/ready" >/dev/null || { echo "the gateway 
 cat <<EOT
 kvroute is up.
   HTTP (OpenAI-compatible): http://127.0.0.1:$http_port/v1   (models: /v1/models, OpenAPI: /openapi.json)
-  gRPC (kvroute.v1.Generate, reflection on): 127.0.0.1:$grpc_port
+  gRPC (kvroute.v1.Generate, reflection v1 and v1alpha): 127.0.0.1:$grpc_port
   gateway metrics: http://127.0.0.1:$http_port/metrics
   agent metrics:   $(for i in $(seq 0 $((agents - 1))); do printf 'http://127.0.0.1:%s/metrics ' $((metrics_base_port + i)); done)
   logs: .run/
@@ -130,7 +139,8 @@ Try:
   curl -s http://127.0.0.1:$http_port/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{"messages":[{"role":"user","content":"What is the capital of France?"}],"max_tokens":24}'
 Send it twice and watch usage.prompt_tokens_details.cached_tokens rise.
-Explain a routing decision: curl -s http://127.0.0.1:$http_port/debug/route -d '{"prompt":"Hello"}'
+Explain a routing decision (an operator tool: it needs the admin key, kept in .run/admin-api-key):
+  curl -s http://127.0.0.1:$http_port/debug/route -H "Authorization: Bearer \$(cat .run/admin-api-key)" -d '{"prompt":"Hello"}'
 Ctrl-C stops everything.
 EOT
 wait -n "${pids[@]}" || true

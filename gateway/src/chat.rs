@@ -40,6 +40,8 @@ use serde_json::{Map, Value};
 
 use crate::tokenizer::Tokenizer;
 
+mod layout;
+
 /// A chat message in OpenAI's shape.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
@@ -258,12 +260,14 @@ impl std::fmt::Debug for ChatRenderer {
 }
 
 /// A piece of the rendering, tokenized on its own.
+#[derive(Debug, PartialEq)]
 enum Rendering {
     Pieces(Vec<Piece>),
     Whole(String),
 }
 
 /// One message's share of the rendered text.
+#[derive(Debug, PartialEq)]
 struct Piece {
     text: String,
     /// The content of the assistant message this piece renders, if any.
@@ -358,8 +362,25 @@ impl ChatRenderer {
 
     /// The rendering cut into per-message pieces, or the whole text when the
     /// template's renderings of the growing conversation are not prefixes of
-    /// each other.
+    /// each other. Short conversations are cut by rendering each prefix of
+    /// them; longer ones from one rendering of the whole ([`layout`]), so the
+    /// work grows linearly with the number of messages.
     fn pieces(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        add_generation_prompt: bool,
+    ) -> Result<Rendering, ChatError> {
+        if messages.len() <= layout::RENDER_PREFIXES_UP_TO {
+            self.pieces_by_prefixes(messages, tools, add_generation_prompt)
+        } else {
+            self.pieces_by_layout(messages, tools, add_generation_prompt)
+        }
+    }
+
+    /// [`ChatRenderer::pieces`] by rendering every prefix of the conversation:
+    /// the definition of the cut, quadratic in the number of messages.
+    fn pieces_by_prefixes(
         &self,
         messages: &[ChatMessage],
         tools: &[Value],
@@ -434,6 +455,8 @@ impl ChatRenderer {
         tools: &[Value],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
+        #[cfg(test)]
+        layout::count_rendering();
         match &self.template {
             Some(env) => self.render_template(env, messages, tools, add_generation_prompt),
             None => Ok(render_chatml(messages, tools, add_generation_prompt)),
@@ -448,16 +471,21 @@ impl ChatRenderer {
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
         let messages: Vec<Value> = messages.iter().map(message_value).collect();
+        let context = self.context(JinjaValue::from_serialize(&messages), tools, add_generation_prompt);
+        let template = env.get_template(TEMPLATE_NAME).map_err(|err| ChatError::Template(err.to_string()))?;
+        template.render(context).map_err(render_error)
+    }
+
+    /// The variables a chat template sees.
+    fn context(&self, messages: JinjaValue, tools: &[Value], add_generation_prompt: bool) -> JinjaValue {
         let tools = if tools.is_empty() { JinjaValue::from(()) } else { JinjaValue::from_serialize(tools) };
-        let context = minijinja::context! {
-            messages => JinjaValue::from_serialize(&messages),
+        minijinja::context! {
+            messages => messages,
             tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
-        };
-        let template = env.get_template(TEMPLATE_NAME).map_err(|err| ChatError::Template(err.to_string()))?;
-        template.render(context).map_err(render_error)
+        }
     }
 }
 
@@ -835,6 +863,17 @@ fn chatml_tools_section(tools: &[Value]) -> String {
 /// tool calls follow the content as `<tool_call>\n{"name":..,"arguments":..}\n</tool_call>`
 /// and tool results are wrapped in `<tool_response>\n..\n</tool_response>`.
 fn render_chatml(messages: &[ChatMessage], tools: &[Value], add_generation_prompt: bool) -> String {
+    render_chatml_marking(messages, tools, add_generation_prompt, &mut Vec::new())
+}
+
+/// [`render_chatml`], pushing onto `ends` where each message's text ends: the length of the rendering
+/// of the messages up to it.
+fn render_chatml_marking(
+    messages: &[ChatMessage],
+    tools: &[Value],
+    add_generation_prompt: bool,
+    ends: &mut Vec<usize>,
+) -> String {
     let mut out = String::new();
     let mut rest = messages;
     if !tools.is_empty() {
@@ -849,6 +888,9 @@ fn render_chatml(messages: &[ChatMessage], tools: &[Value], add_generation_promp
         }
         out.push_str(&chatml_tools_section(tools));
         out.push_str("<|im_end|>\n");
+        if rest.len() < messages.len() {
+            ends.push(out.len());
+        }
     }
     for message in rest {
         out.push_str("<|im_start|>");
@@ -873,12 +915,16 @@ fn render_chatml(messages: &[ChatMessage], tools: &[Value], add_generation_promp
             out.push_str("}\n</tool_call>");
         }
         out.push_str("<|im_end|>\n");
+        ends.push(out.len());
     }
     if add_generation_prompt {
-        out.push_str("<|im_start|>assistant\n");
+        out.push_str(CHATML_GENERATION_PROMPT);
     }
     out
 }
+
+/// What ChatML adds for the assistant's reply.
+const CHATML_GENERATION_PROMPT: &str = "<|im_start|>assistant\n";
 
 #[cfg(test)]
 mod tests {

@@ -6,9 +6,27 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::request_checks::{DEFAULT_MAX_MESSAGES, Limits};
 use crate::routing::index::MAX_REPLICAS;
 use crate::routing::{IndexConfig, PolicyKind};
 use crate::service::ServiceConfig;
+
+/// A secret from the command line or the environment, kept out of `Debug` output and logs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(text: &str) -> Result<Secret, Self::Err> {
+        Ok(Secret(text.to_string()))
+    }
+}
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -45,9 +63,22 @@ pub struct ServeArgs {
     /// API keys file (`KEY TENANT [private|global|off]` per line); none: open mode.
     #[arg(long)]
     pub api_keys: Option<PathBuf>,
-    /// Largest accepted request body in bytes.
+    /// Largest accepted request in bytes: an HTTP body, or a gRPC request message.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// Most messages in one chat request; more are answered 400. The default leaves room for long agent
+    /// sessions while bounding the work of rendering one request.
+    #[arg(long, default_value_t = DEFAULT_MAX_MESSAGES)]
+    pub max_messages: usize,
+    /// Async worker threads serving connections (default: the cores this process may use). Parsing,
+    /// rendering and tokenizing run on separate, bounded threads.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub worker_threads: Option<u16>,
+    /// The operator's key for `/debug/route`, which shows what every replica caches; without one
+    /// `/debug/route` is off. It must differ from every tenant key. Prefer the environment variable: a
+    /// command line is visible to every local user.
+    #[arg(long, env = "KVROUTE_ADMIN_API_KEY", hide_env_values = true)]
+    pub admin_api_key: Option<Secret>,
     /// A client must send its request headers within this many milliseconds of starting them
     /// (or of its previous response, on a kept-alive connection), or the connection is closed.
     #[arg(long, default_value_t = 30_000)]
@@ -120,13 +151,20 @@ impl ServeArgs {
             || self.index_max_entries == 0
             || self.header_read_timeout_ms == 0
             || self.body_read_timeout_ms == 0
+            || self.max_messages == 0
+            || self.max_body_bytes == 0
         {
-            return Err("--max-attempts, --heartbeat-timeout-ms, --index-max-entries, --header-read-timeout-ms \
-                        and --body-read-timeout-ms must be positive"
+            return Err("--max-attempts, --heartbeat-timeout-ms, --index-max-entries, --header-read-timeout-ms, \
+                        --body-read-timeout-ms, --max-messages and --max-body-bytes must be positive"
                 .into());
         }
         if !(self.dns_interval_secs.is_finite() && self.dns_interval_secs >= 0.01) {
             return Err(format!("--dns-interval-secs must be at least 0.01, got {}", self.dns_interval_secs));
+        }
+        if let Some(Secret(key)) = &self.admin_api_key
+            && (key.is_empty() || key.chars().any(char::is_whitespace))
+        {
+            return Err("--admin-api-key (KVROUTE_ADMIN_API_KEY) must be non-empty and have no white space".into());
         }
         if let Some(dns) = &self.agents_dns
             && !dns.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
@@ -146,6 +184,18 @@ impl ServeArgs {
 
     pub fn discovery_interval(&self) -> Duration {
         Duration::from_secs_f64(self.dns_interval_secs)
+    }
+
+    /// The request limits both ingresses enforce.
+    pub fn limits(&self) -> Limits {
+        Limits { max_messages: self.max_messages, default_max_tokens: self.default_max_tokens }
+    }
+
+    /// The runtime's async worker threads.
+    pub fn worker_threads(&self) -> usize {
+        self.worker_threads
+            .map(usize::from)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get))
     }
 
     pub fn heartbeat_timeout(&self) -> Duration {

@@ -5,14 +5,16 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvroute_proto::domain::SamplingParams;
 use kvroute_proto::pb;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use crate::cpu_pool::CpuPool;
 use crate::metrics;
-use crate::service::{Gateway, GenerateSpec, ServiceError, StreamEvent};
+use crate::prompts::{PromptSource, Prompts};
+use crate::request_checks::{self, Limits, Params};
+use crate::service::{Gateway, ServiceError, StreamEvent};
 use crate::tenants::{AuthError, Tenants, bearer};
 
 /// The client-facing gRPC service.
@@ -20,15 +22,40 @@ use crate::tenants::{AuthError, Tenants, bearer};
 pub struct GenerateService {
     gateway: Arc<Gateway>,
     tenants: Tenants,
+    prompts: Arc<Prompts>,
+    cpu: Arc<CpuPool>,
+    limits: Limits,
 }
 
 impl GenerateService {
-    pub fn new(gateway: Arc<Gateway>, tenants: Tenants) -> GenerateService {
-        GenerateService { gateway, tenants }
+    pub fn new(
+        gateway: Arc<Gateway>,
+        tenants: Tenants,
+        prompts: Arc<Prompts>,
+        cpu: Arc<CpuPool>,
+        limits: Limits,
+    ) -> GenerateService {
+        GenerateService { gateway, tenants, prompts, cpu, limits }
     }
 
-    pub fn into_server(self) -> pb::generate_server::GenerateServer<GenerateService> {
-        pb::generate_server::GenerateServer::new(self)
+    /// The server, refusing request messages over `max_request_bytes` (as HTTP refuses larger bodies).
+    pub fn into_server(self, max_request_bytes: usize) -> pb::generate_server::GenerateServer<GenerateService> {
+        pb::generate_server::GenerateServer::new(self).max_decoding_message_size(max_request_bytes)
+    }
+}
+
+/// The parameters of a gRPC request, for [`request_checks::check`]. proto3 cannot leave a number unset,
+/// so 0 `max_tokens` means the default, and a request without `sampling` is greedy.
+pub fn params(request: &pb::GenerateRequest) -> Params {
+    let sampling = request.sampling.unwrap_or(pb::SamplingParams { temperature: 0.0, top_p: 1.0, seed: None });
+    Params {
+        max_tokens: (request.max_tokens != 0).then_some(i64::from(request.max_tokens)),
+        temperature: Some(sampling.temperature),
+        top_p: Some(sampling.top_p),
+        seed: sampling.seed,
+        stop: request.stop.clone(),
+        n: None,
+        cache_salt: request.tenant.as_ref().map(|tenant| tenant.cache_salt.clone()),
     }
 }
 
@@ -64,32 +91,19 @@ impl pb::generate_server::Generate for GenerateService {
         let request = request.into_inner();
         let requested = (!request.model.is_empty()).then_some(request.model.as_str());
         self.gateway.check_model(requested).map_err(fail)?;
+        let checked = request_checks::check(&params(&request), &self.limits).map_err(fail)?;
         let prompt = match request.prompt {
-            Some(pb::generate_request::Prompt::Text(text)) => self.gateway.tokenizer.encode(&text),
-            Some(pb::generate_request::Prompt::TokenIds(ids)) => ids.ids,
-            None => Vec::new(),
-        };
-        if prompt.is_empty() {
-            return Err(fail(ServiceError::bad_request("the prompt is empty", Some("prompt"))));
+            Some(pb::generate_request::Prompt::Text(text)) => {
+                let source = PromptSource::Text(text);
+                let prompts = self.prompts.clone();
+                self.cpu.run(source.input_bytes(), move || prompts.tokens(source)).await.and_then(|ids| ids)
+            }
+            Some(pb::generate_request::Prompt::TokenIds(ids)) => Ok(ids.ids),
+            None => Ok(Vec::new()),
         }
-        let sampling = match request.sampling {
-            Some(wire) => SamplingParams::new(wire.temperature, wire.top_p, wire.seed)
-                .map_err(|error| fail(ServiceError::bad_request(error.to_string(), None)))?,
-            None => SamplingParams::GREEDY,
-        };
-        let tenant_meta = request.tenant.unwrap_or_default();
-        let spec = GenerateSpec {
-            prompt,
-            tenant,
-            cache_salt: (!tenant_meta.cache_salt.is_empty()).then_some(tenant_meta.cache_salt),
-            sampling,
-            max_tokens: if request.max_tokens == 0 {
-                self.gateway.config.default_max_tokens
-            } else {
-                request.max_tokens
-            },
-            stop: request.stop,
-        };
+        .map_err(fail)?;
+        request_checks::check_prompt(&prompt).map_err(fail)?;
+        let spec = checked.into_spec(tenant, prompt);
         let mut receiver = self.gateway.generate(spec).await.map_err(fail)?;
         metrics::record_ttft("grpc_generate", started.elapsed());
         metrics::record_request("grpc_generate", 200);

@@ -7,18 +7,25 @@
 //! - [`router`]: glue between the async shell and the routing core.
 //! - [`upstream`]: the replicas: clients, event subscriptions, health, discovery.
 //! - [`service`]: the request path shared by HTTP and gRPC: route, call, retry, stream text.
-//! - [`http`], [`grpc`]: the ingress.
+//! - [`http`], [`grpc`]: the ingress; [`request_checks`]: the checks and limits both apply;
+//!   [`prompts`]: prompts to token ids, run in the [`cpu_pool`] off the async workers; [`admin`]: the
+//!   operator's key for `/debug/route`.
 //! - [`tenants`]: API keys and cache scopes; [`replies`]: exact ids of generated replies.
-//! - [`metrics`]: every exported metric; [`config`], [`cli`], [`run`]: the binary.
+//! - [`metrics`]: the exported metrics (the prompt-job gauge is [`cpu_pool`]'s); [`config`], [`cli`],
+//!   [`run`]: the binary.
 
+pub mod admin;
 pub mod body_deadline;
 pub mod chat;
 pub mod cli;
 pub mod config;
+pub mod cpu_pool;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
+pub mod prompts;
 pub mod replies;
+pub mod request_checks;
 pub mod router;
 pub mod routing;
 pub mod run;

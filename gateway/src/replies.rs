@@ -4,9 +4,36 @@
 //! other ids than the ones generated (and already cached by the replica), so a
 //! reply that comes back in a later turn is rendered with the ids it was
 //! generated as. Bounded by total tokens; least recently used replies go first.
+//!
+//! Only ids that decode back to exactly the reply's text are kept ([`exact_ids`]): a reply cut by a stop
+//! string, or ending in an end-of-turn token, keeps the longest prefix of its ids that spells the text,
+//! or nothing when the text ends inside a token (its next turn is then tokenized from text).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+
+use crate::tokenizer::Tokenizer;
+
+/// The shortest prefix of `ids` whose bytes are exactly `text` (with the gateway's tokenizer), or
+/// `None` when no prefix is: the ids of a reply whose text ends inside a token, or that differ from it.
+pub fn exact_ids<'a>(tokenizer: &Tokenizer, text: &str, ids: &'a [u32]) -> Option<&'a [u32]> {
+    let target = text.as_bytes();
+    if target.is_empty() {
+        return None;
+    }
+    let mut matched = 0;
+    for (count, &id) in ids.iter().enumerate() {
+        if matched == target.len() {
+            return Some(&ids[..count]);
+        }
+        let bytes = tokenizer.token_bytes(id).ok()?;
+        if !target[matched..].starts_with(bytes) {
+            return None;
+        }
+        matched += bytes.len();
+    }
+    (matched == target.len()).then_some(ids)
+}
 
 /// Reply text -> generated token ids.
 pub struct ReplyMemory {
@@ -80,6 +107,23 @@ impl ReplyMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_ids_that_spell_the_text_exactly() {
+        let tokenizer = Tokenizer::builtin();
+        let ids = tokenizer.encode("Hello world. Goodbye now<|endoftext|>");
+        let hello = tokenizer.encode("Hello world.");
+        assert_eq!(exact_ids(&tokenizer, "Hello world.", &ids), Some(&hello[..]));
+        let all = &ids[..ids.len() - 1];
+        assert_eq!(exact_ids(&tokenizer, "Hello world. Goodbye now", &ids), Some(all));
+        assert_eq!(exact_ids(&tokenizer, "Hello world. Goodbye now", all), Some(all));
+        // The text ends inside a token, or is not what the ids spell.
+        assert_eq!(exact_ids(&tokenizer, "Hello wor", &ids), None);
+        assert_eq!(exact_ids(&tokenizer, "Hello there", &ids), None);
+        assert_eq!(exact_ids(&tokenizer, "Hello world. Goodbye now and more", all), None);
+        assert_eq!(exact_ids(&tokenizer, "", &ids), None);
+        assert_eq!(exact_ids(&tokenizer, "x", &[u32::MAX]), None);
+    }
 
     #[test]
     fn remembers_and_bounds() {

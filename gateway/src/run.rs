@@ -7,11 +7,14 @@ use tonic::transport::server::TcpIncoming;
 
 use anyhow::Context;
 
+use crate::admin::AdminKey;
 use crate::body_deadline::BodyDeadlineLayer;
 use crate::chat::{ChatRenderer, LruTokenCache};
-use crate::config::ServeArgs;
+use crate::config::{Secret, ServeArgs};
+use crate::cpu_pool::CpuPool;
 use crate::grpc::GenerateService;
 use crate::http::AppState;
+use crate::prompts::Prompts;
 use crate::replies::ReplyMemory;
 use crate::router::Router;
 use crate::routing::{IndexConfig, Policy, ScoringConfig};
@@ -37,7 +40,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // Colour only on a terminal: log files and container logs get plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(args.worker_threads()).enable_all().build()?;
     runtime.block_on(serve(args))
 }
 
@@ -58,6 +62,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let tenants = match &args.api_keys {
         Some(path) => Tenants::load(path).with_context(|| format!("reading {}", path.display()))?,
         None => Tenants::open(),
+    };
+    let admin = match &args.admin_api_key {
+        Some(Secret(key)) => AdminKey::new(key, &tenants).map_err(anyhow::Error::msg)?,
+        None => AdminKey::off(),
     };
     let metrics = crate::metrics::install().context("installing the metrics recorder")?;
     let index = IndexConfig {
@@ -98,14 +106,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         router: router.clone(),
         config: args.service_config(),
     });
+    let prompts = Arc::new(Prompts {
+        tokenizer: tokenizer.clone(),
+        renderer: Arc::new(renderer),
+        replies: Arc::new(ReplyMemory::new(1 << 20)),
+    });
+    let cpu = Arc::new(CpuPool::for_this_machine());
     let state = Arc::new(AppState {
         gateway: gateway.clone(),
-        renderer: Arc::new(renderer),
+        prompts: prompts.clone(),
+        cpu: cpu.clone(),
+        limits: args.limits(),
         tenants: tenants.clone(),
+        admin: admin.clone(),
         metrics: Some(metrics),
         max_body_bytes: args.max_body_bytes,
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
-        replies: Arc::new(ReplyMemory::new(1 << 20)),
     });
 
     let http =
@@ -119,6 +135,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         policy = router.policy_name(),
         tokenizer = tokenizer.name(),
         agents = args.agents.len(),
+        worker_threads = args.worker_threads(),
+        debug_route = admin.is_on(),
         "gateway serving"
     );
     let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
@@ -132,9 +150,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let _ = http_stop.recv().await;
         },
     );
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kvroute_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    // Reflection in both versions (grpcurl speaks v1, grpcio-reflection and other tools v1alpha), listing the
+    // services this server has: the descriptor set also holds the agents' service.
+    let reflection = |version: &str| {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(kvroute_proto::FILE_DESCRIPTOR_SET)
+            .with_service_name("kvroute.v1.Generate")
+            .with_service_name(format!("grpc.reflection.{version}.ServerReflection"))
+    };
+    let reflection_v1alpha = reflection("v1alpha").build_v1alpha()?;
+    let reflection = reflection("v1").build_v1()?;
+    let generate = GenerateService::new(gateway.clone(), tenants, prompts, cpu, args.limits());
     let mut grpc_stop = stop.subscribe();
     let mut grpc_builder = tonic::transport::Server::builder();
     if let Some(tls) = &ingress_tls {
@@ -142,8 +168,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let grpc_server = grpc_builder
         .layer(BodyDeadlineLayer::new(Duration::from_millis(args.body_read_timeout_ms)))
-        .add_service(GenerateService::new(gateway.clone(), tenants).into_server())
+        .add_service(generate.into_server(args.max_body_bytes))
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(TcpIncoming::from(grpc).with_nodelay(Some(true)), async move {
             let _ = grpc_stop.recv().await;
         });

@@ -123,6 +123,19 @@ impl Tenants {
         self.keys.is_none()
     }
 
+    /// The tenant called `name` (in open mode, only the anonymous tenant).
+    pub fn by_name(&self, name: &str) -> Option<Tenant> {
+        match &self.keys {
+            None => Some(Tenant::anonymous()).filter(|tenant| tenant.name == name),
+            Some(keys) => keys.values().find(|tenant| tenant.name == name).cloned(),
+        }
+    }
+
+    /// Whether `key` is one of the tenants' keys.
+    pub fn has_key(&self, key: &str) -> bool {
+        self.keys.as_ref().is_some_and(|keys| keys.contains_key(&digest(key)))
+    }
+
     /// The tenant of a bearer key (the `Authorization: Bearer KEY` value).
     pub fn authenticate(&self, key: Option<&str>) -> Result<Tenant, AuthError> {
         let Some(keys) = &self.keys else { return Ok(Tenant::anonymous()) };
@@ -156,6 +169,16 @@ mod tests {
         assert_eq!(tenants.authenticate(Some("sk-c")).unwrap().scope(Some("x")), None);
         assert_eq!(tenants.authenticate(Some("nope")), Err(AuthError::Invalid));
         assert_eq!(tenants.authenticate(None), Err(AuthError::Missing));
+    }
+
+    #[test]
+    fn tenants_by_name_and_key() {
+        let tenants = Tenants::parse("sk-a acme\nsk-b beta global\n").unwrap();
+        assert_eq!(tenants.by_name("beta").map(|tenant| tenant.mode), Some(ScopeMode::Global));
+        assert_eq!(tenants.by_name("nobody"), None);
+        assert!(tenants.has_key("sk-a") && !tenants.has_key("acme"));
+        assert_eq!(Tenants::open().by_name("anonymous"), Some(Tenant::anonymous()));
+        assert!(!Tenants::open().has_key("anything"));
     }
 
     #[test]

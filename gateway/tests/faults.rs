@@ -27,7 +27,9 @@ const SIGTERM: i32 = 15;
 const SIGKILL: i32 = 9;
 const SIGCONT: i32 = 18;
 const SIGSTOP: i32 = 19;
-const HEARTBEAT: &[&str] = &["--heartbeat-timeout-ms", "1500"];
+/// The gateway flags of these tests: a short heartbeat timeout, and the admin key `explain` sends.
+const HEARTBEAT: &[&str] = &["--heartbeat-timeout-ms", "1500", "--admin-api-key", ADMIN_KEY];
+const ADMIN_KEY: &str = "sk-faults-admin";
 
 fn agents(count: usize, extra: &[&str]) -> Vec<AgentProcess> {
     (0..count)
@@ -68,7 +70,13 @@ fn prompt(topic: &str) -> String {
 
 /// The replica the gateway would choose for `prompt`, and the GPU blocks it holds of it, per replica.
 fn explain(http: SocketAddr, prompt: &str) -> (String, Vec<(String, u64)>) {
-    let (status, explained) = post(http, "/debug/route", &json!({"prompt": prompt}));
+    let headers = [("Content-Type", "application/json"), ("Authorization", "Bearer sk-faults-admin")];
+    let response =
+        http_request(http, "POST", "/debug/route", &headers, json!({"prompt": prompt}).to_string().as_bytes());
+    let (status, explained) = match response {
+        Ok(response) => (response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null)),
+        Err(error) => (0, json!({ "io_error": error.to_string() })),
+    };
     assert_eq!(status, 200, "{explained}");
     let held = explained["candidates"]
         .as_array()

@@ -17,6 +17,9 @@ use serde_json::{Value, json};
 /// small machine, and heartbeats must not starve.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The admin key of the gateways here, for `/debug/route`.
+const ADMIN_KEY: &str = "sk-cluster-admin";
+
 struct Cluster {
     _serial: std::sync::MutexGuard<'static, ()>,
     agents: Vec<(ChildProcess, SocketAddr, SocketAddr)>,
@@ -60,7 +63,7 @@ fn start_serving(model: &str, agents: usize, gateway_args: &[&str], ready_header
     let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
     command
         .args(["--http-addr", &http.to_string(), "--grpc-addr", &grpc.to_string(), "--agents", &list.join(",")])
-        .args(["--heartbeat-timeout-ms", "1500"])
+        .args(["--heartbeat-timeout-ms", "1500", "--admin-api-key", ADMIN_KEY])
         .args(gateway_args)
         .args(if model == "tiny-random" { vec![] } else { vec!["--tokenizer", model] })
         .stderr(Stdio::null());
@@ -134,7 +137,8 @@ fn repeated_prefix_goes_to_its_holder_and_unrelated_prompts_spread() {
         assert!(metric(*metrics, "kvroute_agent_prompt_tokens_total") > 0.0, "every replica served something");
     }
     // The explain endpoint shows the holder's GPU blocks.
-    let (status, explained) = post(&cluster, "/debug/route", &body);
+    let (status, explained) =
+        post_with(&cluster, &[("Authorization", "Bearer sk-cluster-admin")], "/debug/route", &body);
     assert_eq!(status, 200);
     let best = explained["candidates"].as_array().unwrap().iter().map(|c| c["gpu_blocks"].as_u64().unwrap()).max();
     assert_eq!(best, Some(prompt_tokens / 16));

@@ -1,5 +1,6 @@
-//! HTTP handlers: parse and validate, build a [`GenerateSpec`], run it through
-//! the [`Gateway`], and answer in OpenAI's shapes (JSON or SSE).
+//! HTTP handlers: authenticate, read the body, have [`super::prepare`] turn it into a
+//! [`crate::service::GenerateSpec`] off the async workers, run it through the
+//! [`crate::service::Gateway`], and answer in OpenAI's shapes (JSON or SSE).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -11,17 +12,19 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use kvroute_proto::domain::{FinishReason, SamplingParams};
-use serde::Deserialize;
-use serde::de::DeserializeOwned;
+use kvroute_proto::domain::FinishReason;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::openai::*;
+use super::prepare::{self, Prepared};
+pub use super::prepare::{parse_json, spec_from};
 use super::{AppState, error_response, response_id, unix_now};
+use crate::admin::AdminDenied;
 use crate::metrics;
-use crate::service::{GenerateSpec, ServiceError, StreamEvent, Usage};
+use crate::prompts::Prompts;
+use crate::service::{ServiceError, StreamEvent, Usage};
 use crate::tenants::{AuthError, Tenant, bearer};
 
 type Shared = State<Arc<AppState>>;
@@ -45,96 +48,31 @@ fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Tenant, Service
     })
 }
 
-/// Reads the body within the size limit and parses it as JSON.
-async fn parse_body<T: DeserializeOwned>(state: &AppState, body: Body) -> Result<T, ServiceError> {
+/// Reads the body within the size limit and the read deadline.
+async fn read_body(state: &AppState, body: Body) -> Result<Bytes, ServiceError> {
     let read = tokio::time::timeout(state.body_read_timeout, axum::body::to_bytes(body, state.max_body_bytes));
-    let bytes: Bytes = read
-        .await
+    read.await
         .map_err(|_| {
             ServiceError::Timeout(format!(
                 "the request body did not arrive within {} ms",
                 state.body_read_timeout.as_millis()
             ))
         })?
-        .map_err(|_| ServiceError::TooLarge(format!("the request body exceeds {} bytes", state.max_body_bytes)))?;
-    parse_json(&bytes)
+        .map_err(|_| ServiceError::TooLarge(format!("the request body exceeds {} bytes", state.max_body_bytes)))
 }
 
-/// Parses a request body as JSON into `T`, naming the offending field on error. Outside bytes: fuzzed.
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ServiceError> {
-    if std::str::from_utf8(bytes).is_err() {
-        return Err(ServiceError::bad_request("the request body is not valid UTF-8", None));
-    }
-    let mut json = serde_json::Deserializer::from_slice(bytes);
-    match serde_path_to_error::deserialize::<_, T>(&mut json) {
-        Ok(request) => json.end().map(|()| request).map_err(|error| bad_body(&error)),
-        Err(error) => Err(explain(error, serde_json::from_slice(bytes).ok().as_ref())),
-    }
-}
+type PrepareFn = fn(&AppState, Tenant, &[u8]) -> Result<Prepared, ServiceError>;
 
-/// Deserializes a request from parsed JSON, naming the offending field on error.
-fn from_json<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, ServiceError> {
-    serde_path_to_error::deserialize::<_, T>(value).map_err(|error| explain(error, Some(value)))
-}
-
-/// The error of a body that did not deserialize. A flattened struct hides which of its fields failed, so
-/// when the error has no path, the shared parameters are checked on their own to name the field.
-fn explain<E: std::fmt::Display>(
-    error: serde_path_to_error::Error<E>,
-    value: Option<&serde_json::Value>,
-) -> ServiceError {
-    if error.path().to_string() == "."
-        && let Some(value) = value.filter(|value| value.is_object())
-        && let Err(common) = serde_path_to_error::deserialize::<_, CommonParams>(value)
-    {
-        return invalid_body(common);
-    }
-    invalid_body(error)
-}
-
-fn bad_body(error: &dyn std::fmt::Display) -> ServiceError {
-    ServiceError::bad_request(format!("invalid request body: {error}"), None)
-}
-
-fn invalid_body<E: std::fmt::Display>(error: serde_path_to_error::Error<E>) -> ServiceError {
-    let path = error.path().to_string();
-    if path == "." { bad_body(error.inner()) } else { bad_body(&format!("{path}: {}", error.inner())) }
-}
-
-/// Validates the fields both endpoints share and builds the spec of a request for `prompt`.
-pub fn spec_from(
-    common: &CommonParams,
+/// Reads the body, then parses, checks, renders and tokenizes it off the async workers.
+async fn prepare_request(
+    state: &Arc<AppState>,
     tenant: Tenant,
-    prompt: Vec<u32>,
-    default_max_tokens: u32,
-) -> Result<GenerateSpec, ServiceError> {
-    if prompt.is_empty() {
-        return Err(ServiceError::bad_request("the prompt is empty", Some("prompt")));
-    }
-    if common.n.is_some_and(|n| n != 1) {
-        return Err(ServiceError::bad_request("only n = 1 is supported", Some("n")));
-    }
-    let max_tokens = match common.max_completion_tokens.or(common.max_tokens) {
-        None => default_max_tokens,
-        Some(value) if value < 1 => {
-            return Err(ServiceError::bad_request(
-                format!("max_tokens must be at least 1, got {value}"),
-                Some("max_tokens"),
-            ));
-        }
-        Some(value) => u32::try_from(value)
-            .map_err(|_| ServiceError::bad_request(format!("max_tokens {value} is too large"), Some("max_tokens")))?,
-    };
-    let sampling = SamplingParams::new(common.temperature.unwrap_or(1.0), common.top_p.unwrap_or(1.0), common.seed)
-        .map_err(|error| {
-            let param = if error.field.ends_with("top_p") { "top_p" } else { "temperature" };
-            ServiceError::bad_request(error.to_string(), Some(param))
-        })?;
-    let stop = common.stop.clone().map(StringOrList::into_vec).unwrap_or_default();
-    if stop.len() > 4 {
-        return Err(ServiceError::bad_request("at most 4 stop sequences", Some("stop")));
-    }
-    Ok(GenerateSpec { prompt, tenant, cache_salt: common.cache_salt.clone(), sampling, max_tokens, stop })
+    body: Body,
+    prepare: PrepareFn,
+) -> Result<Prepared, ServiceError> {
+    let bytes = read_body(state, body).await?;
+    let job_state = state.clone();
+    state.cpu.run(bytes.len(), move || prepare(&job_state, tenant, &bytes)).await?
 }
 
 /// POST /v1/completions
@@ -145,25 +83,11 @@ pub async fn completions(State(state): Shared, headers: HeaderMap, body: Body) -
         Ok(tenant) => tenant,
         Err(error) => return fail(ROUTE, error),
     };
-    let request: CompletionRequest = match parse_body(&state, body).await {
-        Ok(request) => request,
-        Err(error) => return fail(ROUTE, error),
-    };
-    let model = match state.gateway.check_model(request.common.model.as_deref()) {
-        Ok(model) => model,
-        Err(error) => return fail(ROUTE, error),
-    };
-    let prompt = match request.prompt {
-        PromptInput::Text(text) => state.gateway.tokenizer.encode(&text),
-        PromptInput::Tokens(ids) => ids,
-        PromptInput::Texts(texts) if texts.len() == 1 => state.gateway.tokenizer.encode(&texts[0]),
-        PromptInput::TokenLists(mut lists) if lists.len() == 1 => lists.remove(0),
-        _ => return fail(ROUTE, ServiceError::bad_request("batched prompts are not supported", Some("prompt"))),
-    };
-    let spec = match spec_from(&request.common, tenant, prompt, state.gateway.config.default_max_tokens) {
-        Ok(spec) => spec,
-        Err(error) => return fail(ROUTE, error),
-    };
+    let Prepared { spec, model, stream, include_usage } =
+        match prepare_request(&state, tenant, body, prepare::completion_body).await {
+            Ok(prepared) => prepared,
+            Err(error) => return fail(ROUTE, error),
+        };
     let receiver = match state.gateway.generate(spec).await {
         Ok(receiver) => receiver,
         Err(error) => return fail(ROUTE, error),
@@ -171,8 +95,7 @@ pub async fn completions(State(state): Shared, headers: HeaderMap, body: Body) -
     metrics::record_ttft(ROUTE, started.elapsed());
     let id = response_id("cmpl");
     let created = unix_now();
-    if request.common.stream {
-        let include_usage = request.common.stream_options.is_some_and(|o| o.include_usage);
+    if stream {
         let chunk = move |text: String, finish: Option<&'static str>, usage: Option<UsageBody>| CompletionBody {
             id: id.clone(),
             object: "text_completion",
@@ -220,32 +143,11 @@ pub async fn chat_completions(State(state): Shared, headers: HeaderMap, body: Bo
         Ok(tenant) => tenant,
         Err(error) => return fail(ROUTE, error),
     };
-    let request: ChatCompletionRequest = match parse_body(&state, body).await {
-        Ok(request) => request,
-        Err(error) => return fail(ROUTE, error),
-    };
-    let model = match state.gateway.check_model(request.common.model.as_deref()) {
-        Ok(model) => model,
-        Err(error) => return fail(ROUTE, error),
-    };
-    if request.messages.is_empty() {
-        return fail(ROUTE, ServiceError::bad_request("messages must not be empty", Some("messages")));
-    }
-    let replies = state.replies.clone();
-    let recall = move |text: &str| replies.recall(text);
-    let prompt = match state.renderer.render_tokens_with_replies(&request.messages, &request.tools, true, &recall) {
-        Ok(prompt) => prompt,
-        Err(error) => {
-            return fail(
-                ROUTE,
-                ServiceError::bad_request(format!("cannot render the conversation: {error}"), Some("messages")),
-            );
-        }
-    };
-    let spec = match spec_from(&request.common, tenant, prompt, state.gateway.config.default_max_tokens) {
-        Ok(spec) => spec,
-        Err(error) => return fail(ROUTE, error),
-    };
+    let Prepared { spec, model, stream, include_usage } =
+        match prepare_request(&state, tenant, body, prepare::chat_body).await {
+            Ok(prepared) => prepared,
+            Err(error) => return fail(ROUTE, error),
+        };
     let receiver = match state.gateway.generate(spec).await {
         Ok(receiver) => receiver,
         Err(error) => return fail(ROUTE, error),
@@ -253,8 +155,7 @@ pub async fn chat_completions(State(state): Shared, headers: HeaderMap, body: Bo
     metrics::record_ttft(ROUTE, started.elapsed());
     let id = response_id("chatcmpl");
     let created = unix_now();
-    if request.common.stream {
-        let include_usage = request.common.stream_options.is_some_and(|o| o.include_usage);
+    if stream {
         let mut first = true;
         let chunk = move |(text, finish, usage): (String, Option<&'static str>, Option<UsageBody>)| {
             let choices = if usage.is_some() && finish.is_none() && text.is_empty() {
@@ -269,11 +170,11 @@ pub async fn chat_completions(State(state): Shared, headers: HeaderMap, body: Bo
             };
             ChatChunk { id: id.clone(), object: "chat.completion.chunk", created, model: model.clone(), choices, usage }
         };
-        return stream_response(ROUTE, started, receiver, include_usage, Some(state.replies.clone()), chunk);
+        return stream_response(ROUTE, started, receiver, include_usage, Some(state.prompts.clone()), chunk);
     }
     match collect(receiver).await {
         Ok((text, ids, reason, usage)) => {
-            remember_reply(&state.replies, &text, &ids, reason);
+            state.prompts.remember_reply(&text, &ids);
             metrics::record_request(ROUTE, 200);
             metrics::record_e2e(ROUTE, started.elapsed());
             Json(ChatBody {
@@ -293,12 +194,6 @@ pub async fn chat_completions(State(state): Shared, headers: HeaderMap, body: Bo
         }
         Err(error) => fail(ROUTE, error),
     }
-}
-
-/// Keeps a finished reply's ids, without the end-of-turn token the template adds itself.
-fn remember_reply(replies: &crate::replies::ReplyMemory, text: &str, ids: &[u32], reason: FinishReason) {
-    let ids = if reason == FinishReason::Stop && !ids.is_empty() { &ids[..ids.len() - 1] } else { ids };
-    replies.remember(text, ids);
 }
 
 fn usage_body(usage: Usage) -> UsageBody {
@@ -329,7 +224,7 @@ fn stream_response<C, T>(
     started: Instant,
     receiver: mpsc::Receiver<Result<StreamEvent, ServiceError>>,
     include_usage: bool,
-    replies: Option<Arc<crate::replies::ReplyMemory>>,
+    prompts: Option<Arc<Prompts>>,
     mut chunk: C,
 ) -> Response
 where
@@ -353,8 +248,8 @@ where
                     }
                 }
                 Ok(StreamEvent::Finished { reason, usage }) => {
-                    if let Some(replies) = &replies {
-                        remember_reply(replies, &text, &ids, reason);
+                    if let Some(prompts) = &prompts {
+                        prompts.remember_reply(&text, &ids);
                     }
                     let _ = sender.send(json(&chunk((String::new(), Some(reason.as_openai()), None)))).await;
                     if include_usage {
@@ -429,42 +324,50 @@ pub async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
-/// POST /debug/route: how a request would be routed, without running it.
+/// POST /debug/route: how a request would be routed, without running it. Needs the admin key.
 pub async fn explain_route(State(state): Shared, headers: HeaderMap, body: Body) -> Response {
     const ROUTE: &str = "debug_route";
-    let tenant = match authenticate(&state, &headers) {
-        Ok(tenant) => tenant,
-        Err(error) => return fail(ROUTE, error),
-    };
-    let value: serde_json::Value = match parse_body(&state, body).await {
-        Ok(value) => value,
-        Err(error) => return fail(ROUTE, error),
-    };
-    let common: CommonParams = CommonParams::deserialize(&value).unwrap_or_default();
-    let prompt = if value.get("messages").is_some() {
-        match from_json::<ChatCompletionRequest>(&value) {
-            Ok(request) => state.renderer.render_tokens(&request.messages, &request.tools, true),
-            Err(error) => return fail(ROUTE, error),
-        }
-        .map_err(|error| ServiceError::bad_request(error.to_string(), Some("messages")))
-    } else {
-        match from_json::<CompletionRequest>(&value) {
-            Ok(CompletionRequest { prompt: PromptInput::Text(text), .. }) => Ok(state.gateway.tokenizer.encode(&text)),
-            Ok(CompletionRequest { prompt: PromptInput::Tokens(ids), .. }) => Ok(ids),
-            Ok(_) => Err(ServiceError::bad_request("batched prompts are not supported", Some("prompt"))),
-            Err(error) => Err(error),
-        }
-    };
-    let prompt = match prompt {
-        Ok(prompt) => prompt,
-        Err(error) => return fail(ROUTE, error),
-    };
-    let spec = match spec_from(&common, tenant, prompt, state.gateway.config.default_max_tokens) {
-        Ok(spec) => spec,
+    let key = bearer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()));
+    if let Err(denied) = state.admin.check(key, &state.tenants) {
+        return admin_denied(ROUTE, denied);
+    }
+    let prepared =
+        prepare_request(&state, Tenant::anonymous(), body, |state, _, bytes| prepare::explain_body(state, bytes));
+    let spec = match prepared.await {
+        Ok(prepared) => prepared.spec,
         Err(error) => return fail(ROUTE, error),
     };
     let (hashes, _) = state.gateway.hashes(&spec);
+    metrics::record_request(ROUTE, 200);
     Json(state.gateway.router.explain(&hashes, spec.prompt.len(), &state.gateway.pool)).into_response()
+}
+
+/// The answer to a refused admin request, in OpenAI's error shape.
+fn admin_denied(route: &'static str, denied: AdminDenied) -> Response {
+    let (status, kind, code, message) = match denied {
+        AdminDenied::Off => (
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            "admin_disabled",
+            "/debug/route is off: it needs an admin key (--admin-api-key or KVROUTE_ADMIN_API_KEY)",
+        ),
+        AdminDenied::Missing => (
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "unauthorized",
+            "missing admin key: send `Authorization: Bearer ADMIN_KEY`",
+        ),
+        AdminDenied::Invalid => (StatusCode::UNAUTHORIZED, "authentication_error", "unauthorized", "invalid admin key"),
+        AdminDenied::TenantKey => (
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "forbidden",
+            "/debug/route needs the admin key; tenant API keys cannot use it",
+        ),
+    };
+    metrics::record_request(route, status.as_u16());
+    let body = ErrorBody { error: ErrorDetail { message: message.into(), kind, param: None, code: Some(code) } };
+    (status, Json(body)).into_response()
 }
 
 pub async fn not_found() -> Response {

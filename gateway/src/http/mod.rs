@@ -8,6 +8,7 @@
 pub mod handlers;
 pub mod listener;
 pub mod openai;
+pub mod prepare;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -18,7 +19,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::chat::ChatRenderer;
+use crate::admin::AdminKey;
+use crate::cpu_pool::CpuPool;
+use crate::prompts::Prompts;
+use crate::request_checks::Limits;
 use crate::service::{Gateway, ServiceError};
 use crate::tenants::Tenants;
 use openai::{ErrorBody, ErrorDetail};
@@ -26,15 +30,20 @@ use openai::{ErrorBody, ErrorDetail};
 /// Shared state of the HTTP handlers.
 pub struct AppState {
     pub gateway: Arc<Gateway>,
-    pub renderer: Arc<ChatRenderer>,
+    /// Tokenizer, chat renderer and the memory of generated replies.
+    pub prompts: Arc<Prompts>,
+    /// Where parsing, rendering and tokenizing run, off the async workers.
+    pub cpu: Arc<CpuPool>,
+    /// The request limits shared with the gRPC ingress.
+    pub limits: Limits,
     pub tenants: Tenants,
+    /// What `/debug/route` requires.
+    pub admin: AdminKey,
     pub metrics: Option<PrometheusHandle>,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
     /// How long a client may take to send its request body.
     pub body_read_timeout: std::time::Duration,
-    /// Remembers the exact token ids of replies this gateway generated.
-    pub replies: Arc<crate::replies::ReplyMemory>,
 }
 
 impl std::fmt::Debug for AppState {
