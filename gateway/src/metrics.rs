@@ -31,6 +31,7 @@ pub const EVENT_LAG: &str = "kvroute_gateway_event_lag_seconds";
 pub const EVENT_BATCHES: &str = "kvroute_gateway_event_batches_total";
 pub const REPLICA_STEP_SECONDS: &str = "kvroute_gateway_replica_step_seconds";
 pub const REPLICA_IN_FLIGHT: &str = "kvroute_gateway_replica_requests_in_flight";
+pub const REPLICA_ROUTED: &str = "kvroute_gateway_replica_routed_requests_total";
 pub const RESUBSCRIPTIONS: &str = "kvroute_gateway_resubscriptions_total";
 pub const REFUSED_REPLICAS: &str = "kvroute_gateway_replicas_refused_total";
 pub const RETRIES: &str = "kvroute_gateway_retries_total";
@@ -107,33 +108,46 @@ pub struct ReplicaGauges {
     pub load: LoadStats,
     /// Requests this gateway has on it (sent and not reported finished).
     pub in_flight: usize,
+    /// Requests this gateway sent it since it was added (attempts included).
+    pub routed: u64,
 }
 
 /// The recorder's metrics, then the per-replica gauges of `replicas`, in Prometheus' text format.
 pub fn render(handle: &PrometheusHandle, replicas: &[ReplicaGauges]) -> String {
     let mut text = handle.render();
     type Value = fn(&ReplicaGauges) -> f64;
-    let gauges: [(&str, &str, Value); 7] = [
-        (REPLICA_HEALTHY, "1 when the replica is healthy and routable.", |r| f64::from(u8::from(r.healthy))),
-        (REPLICA_WAITING, "Requests waiting on the replica (its latest report).", |r| {
+    let series: [(&str, &str, &str, Value); 8] = [
+        (REPLICA_ROUTED, "counter", "Requests sent to the replica since it was added (retries included).", |r| {
+            r.routed as f64
+        }),
+        (REPLICA_HEALTHY, "gauge", "1 when the replica is healthy and routable.", |r| f64::from(u8::from(r.healthy))),
+        (REPLICA_WAITING, "gauge", "Requests waiting on the replica (its latest report).", |r| {
             f64::from(r.load.waiting_requests)
         }),
-        (REPLICA_RUNNING, "Requests running on the replica (its latest report).", |r| {
+        (REPLICA_RUNNING, "gauge", "Requests running on the replica (its latest report).", |r| {
             f64::from(r.load.running_requests)
         }),
-        (REPLICA_KV_USAGE, "Fraction of the replica's KV blocks in use.", |r| r.load.kv_usage()),
-        (REPLICA_QUEUED_PREFILL, "Prompt tokens queued for prefill on the replica.", |r| {
+        (REPLICA_KV_USAGE, "gauge", "Fraction of the replica's KV blocks in use.", |r| r.load.kv_usage()),
+        (REPLICA_QUEUED_PREFILL, "gauge", "Prompt tokens queued for prefill on the replica.", |r| {
             r.load.queued_prefill_tokens as f64
         }),
-        (REPLICA_STEP_SECONDS, "How long the replica's engine step in progress had run at its latest report.", |r| {
-            if r.load.step_in_progress { r.load.step_seconds } else { 0.0 }
-        }),
-        (REPLICA_IN_FLIGHT, "Requests this gateway sent to the replica that it has not reported finished.", |r| {
-            r.in_flight as f64
-        }),
+        (
+            REPLICA_STEP_SECONDS,
+            "gauge",
+            "How long the replica's engine step in progress had run at its latest report.",
+            |r| {
+                if r.load.step_in_progress { r.load.step_seconds } else { 0.0 }
+            },
+        ),
+        (
+            REPLICA_IN_FLIGHT,
+            "gauge",
+            "Requests this gateway sent to the replica that it has not reported finished.",
+            |r| r.in_flight as f64,
+        ),
     ];
-    for (name, help, value) in gauges {
-        text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+    for (name, kind, help, value) in series {
+        text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
         for replica in replicas {
             let label = replica.endpoint.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
             text.push_str(&format!("{name}{{replica=\"{label}\"}} {}\n", value(replica)));

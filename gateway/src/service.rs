@@ -189,6 +189,7 @@ impl Gateway {
                     healthy: state.healthy,
                     load: state.load,
                     in_flight: self.router.in_flight(replica.id),
+                    routed: replica.routed.load(std::sync::atomic::Ordering::Relaxed),
                 }
             })
             .collect()
@@ -296,6 +297,7 @@ impl Gateway {
         let Some(handle) = self.pool.get(replica) else {
             return Err(ServiceError::NoReplica("the replica left".into()));
         };
+        handle.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Dropped unaccepted (failed, timed out, or the caller went away): no longer counted.
         let mut sent =
             Unaccepted { router: &self.router, ticket: Some(self.router.sent_request(replica, uncached_tokens)) };

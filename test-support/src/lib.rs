@@ -6,6 +6,7 @@
 //!   when dropped, so a failing test leaves no orphans, with its stderr kept and printed when the test fails.
 //! - [`free_port`] ([`ports`]): loopback ports that cannot collide within a test run.
 //! - [`wait_until`]: waits for observable state with a deadline (never a bare sleep).
+//! - [`forwarder`]: a TCP relay on a fresh port, so one server can appear under many addresses.
 //! - [`services`]: node-agents and gateways as processes, and a streaming reader of their responses.
 //! - [`tls`]: a certificate authority and a server certificate made at test time.
 //!
@@ -15,6 +16,7 @@
 // This crate exists for tests: failing loudly with a message is its job.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
 
+pub mod forwarder;
 pub mod ports;
 pub mod process;
 pub mod services;

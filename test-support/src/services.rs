@@ -132,7 +132,8 @@ impl GatewayProcess {
 
     fn spawn_with(agents: &[SocketAddr], args: &[&str], log: Option<Log>) -> GatewayProcess {
         let list: Vec<String> = agents.iter().map(SocketAddr::to_string).collect();
-        let mut all = vec!["--agents".to_string(), list.join(",")];
+        // No static agents: the arguments name another source (--agents-file, --agents-dns).
+        let mut all = if list.is_empty() { Vec::new() } else { vec!["--agents".to_string(), list.join(",")] };
         all.extend(args.iter().map(|arg| (*arg).to_string()));
         let (http, grpc) = loopback_pair();
         let process = spawn_gateway(&all, http, grpc, log.as_ref());
@@ -281,6 +282,22 @@ impl EventStream {
         self.pending.extend_from_slice(&chunk);
         true
     }
+}
+
+/// Every series of metric `name` on `addr`'s `/metrics`: its labels (as written between the braces, empty
+/// for none) and its value.
+pub fn metric_series(addr: SocketAddr, name: &str) -> Vec<(String, f64)> {
+    let body = http_request(addr, "GET", "/metrics", &[], b"").map(|response| response.text()).unwrap_or_default();
+    body.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let (labels, value) = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?,
+                None => ("", rest.strip_prefix(' ')?),
+            };
+            Some((labels.to_string(), value.trim().parse::<f64>().ok()?))
+        })
+        .collect()
 }
 
 /// The sum of every series of metric `name` on `addr`'s `/metrics` (0 when absent).

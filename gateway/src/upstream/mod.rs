@@ -90,6 +90,8 @@ pub struct Replica {
     pub id: ReplicaId,
     pub endpoint: String,
     pub client: AgentClient<Channel>,
+    /// Requests sent to it (attempts included).
+    pub routed: std::sync::atomic::AtomicU64,
     state: RwLock<ReplicaState>,
     task: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
@@ -201,6 +203,7 @@ impl Pool {
             id,
             endpoint: endpoint.to_string(),
             client: AgentClient::new(channel).max_decoding_message_size(64 << 20),
+            routed: std::sync::atomic::AtomicU64::new(0),
             state: RwLock::new(ReplicaState::default()),
             task: std::sync::Mutex::new(None),
         });
