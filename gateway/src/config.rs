@@ -100,6 +100,10 @@ pub struct ServeArgs {
     /// How long routed blocks count as pending on their replica (milliseconds).
     #[arg(long, default_value_t = 3000)]
     pub pending_ttl_ms: u64,
+    /// Longest wait for a replica's first token before the request moves to the next replica (milliseconds);
+    /// the abandoned attempt's work is dropped by that replica at its next step.
+    #[arg(long, default_value_t = ServiceConfig::default().first_token_timeout.as_millis() as u64)]
+    pub first_token_timeout_ms: u64,
     /// Replicas tried per request before giving up.
     #[arg(long, default_value_t = ServiceConfig::default().max_attempts)]
     pub max_attempts: usize,
@@ -147,6 +151,7 @@ impl ServeArgs {
             return Err("give --agents host:port[,host:port...], --agents-dns name:port or --agents-file PATH".into());
         }
         if self.max_attempts == 0
+            || self.first_token_timeout_ms == 0
             || self.heartbeat_timeout_ms == 0
             || self.index_max_entries == 0
             || self.header_read_timeout_ms == 0
@@ -154,8 +159,9 @@ impl ServeArgs {
             || self.max_messages == 0
             || self.max_body_bytes == 0
         {
-            return Err("--max-attempts, --heartbeat-timeout-ms, --index-max-entries, --header-read-timeout-ms, \
-                        --body-read-timeout-ms, --max-messages and --max-body-bytes must be positive"
+            return Err("--max-attempts, --first-token-timeout-ms, --heartbeat-timeout-ms, --index-max-entries, \
+                        --header-read-timeout-ms, --body-read-timeout-ms, --max-messages and --max-body-bytes must be \
+                        positive"
                 .into());
         }
         if !(self.dns_interval_secs.is_finite() && self.dns_interval_secs >= 0.01) {
@@ -178,6 +184,7 @@ impl ServeArgs {
         ServiceConfig {
             max_attempts: self.max_attempts,
             default_max_tokens: self.default_max_tokens,
+            first_token_timeout: Duration::from_millis(self.first_token_timeout_ms),
             ..ServiceConfig::default()
         }
     }

@@ -90,6 +90,7 @@ struct GatedAgent {
     addr: SocketAddr,
     service: AgentService,
     engine: EngineHandle,
+    gate: Arc<Gate>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -108,7 +109,7 @@ impl GatedAgent {
         let kv = KvStore::new(geometry, BLOCKS, 16);
         let sink = SharedSink::default();
         let engine_config = EngineConfig { max_context: config.max_context, ..engine_config };
-        let executor = GatedExecutor { inner: ModelExecutor::new(model, kv), gate };
+        let executor = GatedExecutor { inner: ModelExecutor::new(model, kv), gate: gate.clone() };
         let engine = Engine::new(engine_config, executor, eos.clone(), Box::new(sink.clone()));
         let identity = StreamIdentity { agent_id: "gated".into(), epoch: 1 };
         let handle = EngineHandle::spawn(engine, sink, identity, None).unwrap();
@@ -141,7 +142,7 @@ impl GatedAgent {
                 kvroute_node_agent::run::serve_agent(listener, served, handle, None, shutdown).await.unwrap();
             });
         });
-        GatedAgent { addr, service, engine, stop: Some(stop), thread: Some(thread) }
+        GatedAgent { addr, service, engine, gate, stop: Some(stop), thread: Some(thread) }
     }
 
     fn stats(&self) -> kvroute_node_agent::engine::EngineStats {
@@ -151,6 +152,8 @@ impl GatedAgent {
 
 impl Drop for GatedAgent {
     fn drop(&mut self) {
+        // A held step would keep the engine thread, and so the agent's shutdown, waiting forever.
+        self.gate.set_closed(false);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -336,4 +339,45 @@ fn twenty_callers_that_go_away_before_their_first_token_cost_the_engine_no_step(
     ] {
         assert_eq!(metric(gauge), 0.0, "{gauge}");
     }
+}
+
+#[test]
+fn an_attempt_the_gateway_gives_up_on_is_dropped_by_its_replica_at_its_next_step() {
+    // Replica `held` computes a prompt 16 tokens a step, and its first step is held; the gateway waits five
+    // seconds for a first token (`open` needs one step for the whole prompt), then retries on `open`.
+    let (held_gate, open_gate) = (Arc::new(Gate::default()), Arc::new(Gate::default()));
+    let held =
+        GatedAgent::start_with(held_gate.clone(), EngineConfig { max_batch_tokens: 16, ..EngineConfig::default() });
+    let open = GatedAgent::start(open_gate.clone());
+    let gateway = GatewayProcess::start(
+        &[held.addr, open.addr],
+        &["--first-token-timeout-ms", "5000", "--policy", "round_robin"],
+    );
+    let http = gateway.http;
+    held_gate.set_closed(true);
+    let long: Vec<u32> = (0..256).map(|i| 20_000 + i).collect();
+    // Round-robin reaches `held` within two requests; each is served in the end (by `open`, on retry).
+    for _ in 0..2 {
+        let (status, body) = complete(http, &long);
+        assert_eq!(status, 200, "{body}");
+        if held_gate.entered.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+    }
+    assert_eq!(held_gate.entered.load(Ordering::SeqCst), 1, "one attempt reached the held replica");
+    assert_eq!(metric_sum(http, "kvroute_gateway_retries_total"), 1.0);
+    wait_until("the held replica to see the abandoned call end", Duration::from_secs(30), || {
+        let streams = held.service.open_streams();
+        if streams == 0 { Ok(()) } else { Err(format!("{streams} open Generate calls")) }
+    })
+    .unwrap();
+
+    held_gate.set_closed(false);
+    let stats = wait_until("the held replica to drop the abandoned request", Duration::from_secs(30), || {
+        let stats = held.stats();
+        if stats.requests_cancelled == 1 { Ok(stats) } else { Err(format!("{stats:?}")) }
+    })
+    .unwrap();
+    assert_eq!(stats.generated_tokens_total, 0, "the abandoned request computed no token: {stats:?}");
+    assert_eq!(held_gate.entered.load(Ordering::SeqCst), 1, "nor another step of its prompt: {stats:?}");
 }

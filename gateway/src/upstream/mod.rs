@@ -219,10 +219,11 @@ impl Pool {
     pub async fn remove(&self, endpoint: &str) {
         let removed = self.replicas.write().ok().and_then(|mut replicas| replicas.remove(endpoint));
         let Some(replica) = removed else { return };
-        if let Ok(mut task) = replica.task.lock()
-            && let Some(task) = task.take()
-        {
+        let task = replica.task.lock().ok().and_then(|mut task| task.take());
+        if let Some(task) = task {
             task.abort();
+            // Wait until it has really stopped: a task being polled as it is aborted may still queue a batch.
+            let _ = task.await;
         }
         // The task is gone: nothing of this replica is queued after its removal, so the id is free.
         self.writer.forget(replica.id).await;
