@@ -16,12 +16,7 @@ use kvroute_test_support::services::{AgentProcess, EventStream, GatewayProcess, 
 use kvroute_test_support::{RedisServer, http_request, wait_until};
 use serde_json::{Value, json};
 
-/// Tests of this file run one at a time: each is several processes on a small machine.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+use crate::serial;
 
 const SIGTERM: i32 = 15;
 const SIGKILL: i32 = 9;

@@ -13,9 +13,7 @@ use kvroute_test_support::services::{AgentProcess, GatewayProcess, PATIENCE, wai
 use kvroute_test_support::{http_request, wait_until};
 use serde_json::{Value, json};
 
-/// Clusters of this file run one at a time: each is several processes on a
-/// small machine, and heartbeats must not starve.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+use crate::serial;
 
 /// The admin key of the gateways here, for `/debug/route`.
 const ADMIN_KEY: &str = "sk-cluster-admin";
@@ -40,7 +38,7 @@ fn start_with(agents: usize, gateway_args: &[&str]) -> Cluster {
 /// [`start_with`] serving `model` (`tiny-random` or a GGUF file, whose tokenizer the gateway then uses);
 /// returns once the gateway is ready with every agent healthy.
 fn start_serving(model: &str, agents: usize, gateway_args: &[&str]) -> Cluster {
-    let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let serial = serial();
     let started: Vec<AgentProcess> = (0..agents)
         .map(|i| AgentProcess::start(&["--model", model, "--num-blocks", "512", "--agent-id", &format!("agent-{i}")]))
         .collect();
@@ -278,7 +276,7 @@ fn private_tenants_do_not_share_cached_prefixes() {
 
 #[test]
 fn a_replica_whose_tokenizer_differs_is_refused() {
-    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _serial = serial();
     // The agent serves tiny-random (the built-in tokenizer's vocabulary); the gateway tokenizes with SmolLM2's.
     let agent = AgentProcess::start(&["--model", "tiny-random", "--num-blocks", "64"]);
     let smollm2 = kvroute_test_support::smollm2_path();

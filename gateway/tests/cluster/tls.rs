@@ -18,6 +18,8 @@ use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 
+use crate::serial;
+
 /// One HTTP/1.1 request over TLS to `addr`, trusting only `ca_pem` (None: trusting nothing).
 fn https(
     addr: SocketAddr,
@@ -61,6 +63,7 @@ fn healthy_over_https(gateway: SocketAddr, ca_pem: &str) -> u64 {
 
 #[test]
 fn https_and_grpc_over_tls_on_the_ingress_and_to_the_agents() {
+    let _serial = serial();
     let pki = TestPki::generate();
     let (cert, key, ca) = (pki.cert_path(), pki.key_path(), pki.ca_path());
     let (cert, key, ca) = (cert.to_str().unwrap(), key.to_str().unwrap(), ca.to_str().unwrap());

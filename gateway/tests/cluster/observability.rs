@@ -19,8 +19,7 @@ use kvroute_test_support::services::{AgentProcess, GatewayProcess, PATIENCE};
 use kvroute_test_support::{RedisServer, http_request, repo_root, wait_until};
 use serde_json::json;
 
-/// One set of services at a time: several processes on a small machine.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+use crate::serial;
 
 const MONITORING_FILES: [&str; 2] = ["deploy/grafana/kvroute-dashboard.json", "deploy/prometheus/alerts.yml"];
 
@@ -35,7 +34,7 @@ struct Services {
 
 /// Redis, one agent whose pool (24 blocks) and host tier (64 KiB, a few blocks) overflow quickly, a gateway.
 fn start() -> Services {
-    let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let serial = serial();
     let redis = RedisServer::start();
     let agent = AgentProcess::start_tiered(&redis.url(), "agent-0", &[]);
     let gateway = GatewayProcess::start(&[agent.grpc], &[]);

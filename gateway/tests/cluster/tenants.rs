@@ -11,7 +11,7 @@ use kvroute_test_support::services::{AgentProcess, EventStream, GatewayProcess, 
 use kvroute_test_support::{RedisServer, http_request, wait_until};
 use serde_json::{Value, json};
 
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+use crate::serial;
 
 const KEYS: &str = "sk-alice-4f1c9e alice private\nsk-bob-77aa01 bob private\nsk-carol-0b3e52 carol off\n";
 
@@ -30,7 +30,7 @@ fn cached(http: SocketAddr, key: &str, prompt: &str) -> u64 {
 
 #[test]
 fn a_private_tenant_never_hits_another_tenants_blocks_in_any_tier_and_scope_off_never_reuses() {
-    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _serial = serial();
     let keys = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(keys.path(), KEYS).unwrap();
     let keys_arg = ["--api-keys", keys.path().to_str().unwrap()];
@@ -89,7 +89,7 @@ fn a_private_tenant_never_hits_another_tenants_blocks_in_any_tier_and_scope_off_
 
 #[test]
 fn api_keys_and_prompt_text_never_reach_logs_metrics_or_error_messages() {
-    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys");
     std::fs::write(&keys, KEYS).unwrap();
