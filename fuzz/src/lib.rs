@@ -1,8 +1,9 @@
 //! Fuzzing on the stable toolchain. [`targets`] names every parser of outside
-//! bytes; [`fuzz`] runs one for a bounded time: it mutates a corpus that starts
-//! from the target's valid seeds, keeps inputs with an outcome it has not seen,
-//! and stops at the first panic, returning the input that caused it. Crashes
-//! found are kept under `fuzz/regressions/TARGET/` and replayed by the tests.
+//! bytes; [`fuzz`] runs one for a bounded time or a fixed number of mutated
+//! inputs ([`Budget`]): it mutates a corpus that starts from the target's valid
+//! seeds, keeps inputs with an outcome it has not seen, and stops at the first
+//! panic, returning the input that caused it. Crashes found are kept under
+//! `fuzz/regressions/TARGET/` and replayed by the tests.
 
 pub mod mutate;
 pub mod targets;
@@ -14,10 +15,20 @@ use std::time::{Duration, Instant};
 
 pub use targets::Target;
 
+/// How long one run goes on.
+#[derive(Clone, Copy, Debug)]
+pub enum Budget {
+    /// Mutated inputs until this much time has passed (manual runs: the longer, the more it finds).
+    Time(Duration),
+    /// Exactly this many mutated inputs: the same work, and for a seed the same inputs, however fast the
+    /// machine is (the tests).
+    Executions(u64),
+}
+
 /// Limits of one run.
 #[derive(Clone, Copy, Debug)]
 pub struct RunConfig {
-    pub duration: Duration,
+    pub budget: Budget,
     pub seed: u64,
     /// Longest generated input, in bytes.
     pub max_len: usize,
@@ -46,7 +57,8 @@ pub fn execute(target: &Target, input: &[u8]) -> Result<String, String> {
     })
 }
 
-/// Fuzzes `target` until `config.duration` passes or an input panics.
+/// Fuzzes `target` until `config.budget` is spent or an input panics; the seeds and `extra_corpus` run
+/// first, outside the budget.
 pub fn fuzz(target: &Target, config: RunConfig, extra_corpus: Vec<Vec<u8>>) -> Report {
     let mut rng = mutate::Rng::new(config.seed);
     let mut corpus: Vec<Vec<u8>> = (target.seeds)();
@@ -70,7 +82,12 @@ pub fn fuzz(target: &Target, config: RunConfig, extra_corpus: Vec<Vec<u8>>) -> R
         }
     }
     let started = Instant::now();
-    while started.elapsed() < config.duration {
+    let mut mutated = 0u64;
+    while match config.budget {
+        Budget::Time(duration) => started.elapsed() < duration,
+        Budget::Executions(count) => mutated < count,
+    } {
+        mutated += 1;
         let base = &corpus[rng.below(corpus.len())];
         let other = &corpus[rng.below(corpus.len())];
         let input = mutate::mutate(&mut rng, base, other, target.dictionary, config.max_len);

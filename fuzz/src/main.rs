@@ -1,4 +1,4 @@
-//! `kvroute-fuzz`: runs fuzz targets for a bounded time each. A crashing input
+//! `kvroute-fuzz`: runs fuzz targets for a bounded time (or number of inputs) each. A crashing input
 //! is written to `--artifacts/TARGET/crash-HASH` and the exit status is 1; copy
 //! it to `fuzz/regressions/TARGET/` once fixed, and the tests replay it.
 
@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use kvroute_fuzz::{RunConfig, crash_name, fuzz, read_inputs, regressions_dir, targets};
+use kvroute_fuzz::{Budget, RunConfig, crash_name, fuzz, read_inputs, regressions_dir, targets};
 
 #[derive(Debug, Parser)]
 #[command(name = "kvroute-fuzz", about = "Fuzz kvroute's parsers of outside bytes for a bounded time.")]
@@ -17,7 +17,10 @@ struct Args {
     /// Seconds per target.
     #[arg(long, default_value_t = 60)]
     seconds: u64,
-    /// Seed of the mutations (a run repeats for its seed, up to timing).
+    /// Mutated inputs per target instead of a time: a run that repeats exactly for its seed.
+    #[arg(long)]
+    executions: Option<u64>,
+    /// Seed of the mutations (a run repeats for its seed, up to timing; exactly with --executions).
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Longest input, in bytes.
@@ -51,12 +54,11 @@ fn main() -> anyhow::Result<()> {
     let mut crashed = false;
     for target in selected {
         let regressions = read_inputs(&regressions_dir(target.name)).into_iter().map(|(_, bytes)| bytes).collect();
-        let config = RunConfig {
-            duration: Duration::from_secs(args.seconds),
-            seed: args.seed,
-            max_len: args.max_len,
-            verbose: args.verbose,
+        let budget = match args.executions {
+            Some(count) => Budget::Executions(count),
+            None => Budget::Time(Duration::from_secs(args.seconds)),
         };
+        let config = RunConfig { budget, seed: args.seed, max_len: args.max_len, verbose: args.verbose };
         let report = fuzz(&target, config, regressions);
         println!(
             "{:<14} {:>9} executions  {:>5} inputs kept  {:>5} distinct outcomes  {}",

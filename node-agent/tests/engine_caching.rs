@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kvroute_node_agent::block_manager::VecSink;
 use kvroute_node_agent::engine::model_executor::ModelExecutor;
-use kvroute_node_agent::engine::{Engine, EngineConfig, GenerateError, Output, PreemptionMode};
+use kvroute_node_agent::engine::{Engine, EngineConfig, GenerateError, ManualClock, Output, PreemptionMode};
 use kvroute_node_agent::model::{KvStore, Model};
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, FinishReason, KvDtype, SamplingParams};
 
@@ -260,11 +260,13 @@ fn bad_requests_and_a_full_queue_are_refused() {
 #[test]
 fn a_queue_that_waited_too_long_refuses_new_requests_until_it_drains() {
     let config = EngineConfig { max_queue_delay: Some(Duration::from_millis(50)), ..EngineConfig::default() };
-    let mut engine = engine(64, 4, config);
+    // The engine's clock moves only when the test moves it: the queue has waited exactly as long as it says.
+    let clock = ManualClock::default();
+    let mut engine = engine(64, 4, config).with_clock(Box::new(clock.clone()));
     let sink = || Box::new(|_: Output| true);
     engine.submit(request(&[1, 2], 2), sink()).unwrap();
     engine.submit(request(&[3, 4], 2), sink()).unwrap();
-    std::thread::sleep(Duration::from_millis(80));
+    clock.set(Duration::from_millis(80));
     let refused = engine.submit(request(&[5, 6], 2), sink());
     assert!(matches!(refused, Err(GenerateError::Overloaded(m)) if m.contains("would wait")));
     run_to_end(&mut engine);

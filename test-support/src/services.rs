@@ -8,7 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::{ChildProcess, free_port, http_request, project_binary};
+use crate::{ChildProcess, free_port, http_request, project_binary, wait_until};
+
+/// How long the helpers below wait for state that a healthy system reaches in well under a second: long
+/// enough for a loaded 2-core machine, short enough that a broken system fails in reasonable time.
+pub const PATIENCE: Duration = Duration::from_secs(30);
 
 /// A fresh loopback address on a free port.
 pub fn loopback() -> SocketAddr {
@@ -58,6 +62,22 @@ impl AgentProcess {
         AgentProcess::start(&[&base[..], &["--redis-url", redis_url, "--agent-id", id], extra].concat())
     }
 
+    /// The sum of every series of metric `name` on the agent's `/metrics` (0 when absent).
+    pub fn metric(&self, name: &str) -> f64 {
+        metric_sum(self.metrics, name)
+    }
+
+    /// Waits until the agent's `/metrics` counts at least `requests` finished requests. The agent publishes
+    /// its engine's gauges and counters together (after a step, at most every 100 ms, and every 100 ms while
+    /// idle), so once this holds, every gauge shows the engine as it was after those requests finished.
+    pub fn wait_finished(&self, requests: usize) -> Result<f64, String> {
+        let what = format!("{requests} finished requests on the agent at {}", self.grpc);
+        wait_until(&what, PATIENCE, || {
+            let finished = self.metric("kvroute_agent_requests_finished_total");
+            if finished >= requests as f64 { Ok(finished) } else { Err(format!("{finished} finished")) }
+        })
+    }
+
     /// Starts the agent again with the same arguments and ports (after it exited or was killed).
     pub fn restart(&mut self) {
         self.process
@@ -65,6 +85,15 @@ impl AgentProcess {
             .expect("respawn node-agent");
         self.process.wait_for_tcp(self.grpc, Duration::from_secs(60)).unwrap_or_else(|message| panic!("{message}"));
     }
+}
+
+/// [`AgentProcess::wait_finished`] for requests spread over `agents`: waits until their finished counts add
+/// up to at least `requests`.
+pub fn wait_finished_on(agents: &[AgentProcess], requests: usize) -> Result<f64, String> {
+    wait_until(&format!("{requests} finished requests over {} agents", agents.len()), PATIENCE, || {
+        let finished: f64 = agents.iter().map(|agent| agent.metric("kvroute_agent_requests_finished_total")).sum();
+        if finished >= requests as f64 { Ok(finished) } else { Err(format!("{finished} finished")) }
+    })
 }
 
 fn agent_command(args: &[String], grpc: SocketAddr, metrics: SocketAddr, log: Option<&Log>) -> Command {
@@ -167,6 +196,39 @@ impl GatewayProcess {
             }
             std::thread::sleep(Duration::from_millis(25));
         }
+    }
+}
+
+impl GatewayProcess {
+    /// The sum of every series of metric `name` on the gateway's `/metrics` (0 when absent).
+    pub fn metric(&self, name: &str) -> f64 {
+        metric_sum(self.http, name)
+    }
+
+    /// Event batches the gateway has received from its agents, heartbeats included.
+    pub fn event_batches(&self) -> f64 {
+        self.metric("kvroute_gateway_event_batches_total")
+    }
+
+    /// Waits until the gateway has received two event batches per agent more than when called. Every agent
+    /// sends a batch at once when it has events and a heartbeat every 100 ms, in order on its stream, so
+    /// whatever the agents did before this call has then reached the gateway. A negative check (something did
+    /// not happen) waits for this first, so that it cannot pass merely because the system is slow.
+    pub fn wait_next_batches(&self, agents: usize) -> Result<f64, String> {
+        let target = self.event_batches() + 2.0 * agents as f64;
+        wait_until(&format!("{target} event batches at the gateway"), PATIENCE, || {
+            let batches = self.event_batches();
+            if batches >= target { Ok(batches) } else { Err(format!("{batches} batches")) }
+        })
+    }
+
+    /// Waits until the gateway's prefix index holds at least `blocks` block hashes (the agents' stored events
+    /// reached it).
+    pub fn wait_indexed(&self, blocks: u64) -> Result<f64, String> {
+        wait_until(&format!("{blocks} blocks in the gateway's index"), PATIENCE, || {
+            let entries = self.metric("kvroute_gateway_index_entries");
+            if entries >= blocks as f64 { Ok(entries) } else { Err(format!("{entries} entries")) }
+        })
     }
 }
 

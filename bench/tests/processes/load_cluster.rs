@@ -4,38 +4,17 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-use kvroute_test_support::{ChildProcess, free_port, http_request, project_binary};
+use kvroute_test_support::project_binary;
+use kvroute_test_support::services::{AgentProcess, GatewayProcess};
 use serde_json::Value;
-
-fn addr() -> SocketAddr {
-    format!("127.0.0.1:{}", free_port()).parse().unwrap()
-}
 
 #[test]
 fn chat_and_trace_runs_report_what_they_measured() {
-    let (agent, metrics) = (addr(), addr());
-    let mut command = Command::new(project_binary("kvroute-node-agent", "node-agent"));
-    command
-        .args(["--model", "tiny-random", "--num-blocks", "1024", "--listen", &agent.to_string()])
-        .args(["--metrics-addr", &metrics.to_string()])
-        .stderr(Stdio::null());
-    let mut _agent = ChildProcess::spawn("node-agent", &mut command).unwrap();
-    _agent.wait_for_tcp(agent, Duration::from_secs(60)).unwrap();
-    let (http, grpc) = (addr(), addr());
-    let mut command = Command::new(project_binary("kvroute-gateway", "gateway"));
-    command
-        .args(["--http-addr", &http.to_string(), "--grpc-addr", &grpc.to_string(), "--agents", &agent.to_string()])
-        .stderr(Stdio::null());
-    let _gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !http_request(http, "GET", "/ready", &[], b"").is_ok_and(|r| r.status == 200) {
-        assert!(Instant::now() < deadline, "the gateway did not get ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let agent = AgentProcess::start(&["--model", "tiny-random", "--num-blocks", "1024"]);
+    let gateway = GatewayProcess::start(&[agent.grpc], &[]);
+    let http = gateway.http;
     let load = project_binary("kvroute-bench", "kvroute-load");
     let run = |args: &[&str]| -> Value {
         let output =

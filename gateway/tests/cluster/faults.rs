@@ -8,20 +8,15 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvroute_test_support::services::{AgentProcess, EventStream, GatewayProcess, metric_sum};
-use kvroute_test_support::{RedisServer, http_request};
+use kvroute_test_support::services::{AgentProcess, EventStream, GatewayProcess, PATIENCE, metric_sum};
+use kvroute_test_support::{RedisServer, http_request, wait_until};
 use serde_json::{Value, json};
 
-/// Tests of this file run one at a time: each is several processes on a small machine.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+use crate::serial;
 
 const SIGTERM: i32 = 15;
 const SIGKILL: i32 = 9;
@@ -93,44 +88,74 @@ fn gpu_blocks_on(held: &[(String, u64)], replica: &str) -> u64 {
     held.iter().find(|(name, _)| name == replica).map_or(0, |(_, blocks)| *blocks)
 }
 
-/// Sends completions from `threads` threads until stopped; returns every status seen (0: no HTTP answer),
-/// with the response and when the request was sent.
+/// What one request of a [`Load`] got: its status (0: no HTTP answer), the response, and when it was sent.
+type Answer = (u16, String, Instant);
+
+/// Sends completions from `threads` threads until stopped; keeps every answer, which the test can watch
+/// arrive.
 struct Load {
     stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<Vec<(u16, String, Instant)>>>,
+    answers: Arc<Mutex<Vec<Answer>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Load {
     fn start(http: SocketAddr, threads: usize, topics: usize) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
+        let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
         let threads = (0..threads)
             .map(|thread| {
-                let stop = stop.clone();
+                let (stop, answers) = (stop.clone(), answers.clone());
                 std::thread::spawn(move || {
-                    let mut seen = Vec::new();
                     let mut i = thread;
                     while !stop.load(Ordering::Relaxed) {
                         let body = json!({"prompt": prompt(&format!("topic {}", i % topics)), "max_tokens": 4});
                         let sent = Instant::now();
                         let (status, response) = post(http, "/v1/completions", &body);
-                        seen.push((status, response.to_string(), sent));
+                        answers.lock().unwrap().push((status, response.to_string(), sent));
                         i += 1;
                     }
-                    seen
                 })
             })
             .collect();
-        Load { stop, threads }
+        Load { stop, answers, threads }
     }
 
-    fn finish(self) -> Vec<(u16, String, Instant)> {
+    /// Waits until `count` more requests than now were answered (with anything): the load runs on.
+    fn wait_for_more(&self, count: usize) {
+        self.wait_for_sent_after(Instant::now(), count);
+    }
+
+    /// Waits until `count` requests sent after `since` were answered (with anything).
+    fn wait_for_sent_after(&self, since: Instant, count: usize) {
+        wait_until(&format!("{count} answers to requests sent after {since:?}"), PATIENCE, || {
+            let answered = self.answers.lock().unwrap().iter().filter(|(.., sent)| *sent > since).count();
+            if answered >= count { Ok(answered) } else { Err(format!("{answered} answered")) }
+        })
+        .unwrap();
+    }
+
+    fn finish(self) -> Vec<Answer> {
         self.stop.store(true, Ordering::Relaxed);
-        self.threads.into_iter().flat_map(|thread| thread.join().unwrap()).collect()
+        for thread in self.threads {
+            thread.join().unwrap();
+        }
+        std::mem::take(&mut *self.answers.lock().unwrap())
     }
 }
 
-fn assert_all_succeeded(seen: &[(u16, String, Instant)], at_least: usize) {
-    let failed: Vec<&(u16, String, Instant)> = seen.iter().filter(|(status, ..)| *status != 200).collect();
+/// Waits until the gateway's index knows a replica holding `text`'s blocks: returns the replica it would
+/// choose and the GPU blocks each holds.
+fn wait_for_holder(http: SocketAddr, text: &str) -> (String, Vec<(String, u64)>) {
+    wait_until("the index to know who holds the prompt", PATIENCE, || {
+        let (chosen, held) = explain(http, text);
+        if gpu_blocks_on(&held, &chosen) > 0 { Ok((chosen, held)) } else { Err(format!("{chosen:?} {held:?}")) }
+    })
+    .unwrap()
+}
+
+fn assert_all_succeeded(seen: &[Answer], at_least: usize) {
+    let failed: Vec<&Answer> = seen.iter().filter(|(status, ..)| *status != 200).collect();
     assert!(failed.is_empty(), "{} of {} requests failed, e.g. {:?}", failed.len(), seen.len(), failed.first());
     assert!(seen.len() >= at_least, "only {} requests ran", seen.len());
 }
@@ -142,8 +167,7 @@ fn an_agent_killed_mid_stream_ends_that_stream_cleanly_and_later_requests_fail_o
     let gateway = GatewayProcess::start(&grpc_addrs(&agents), HEARTBEAT);
     let text = prompt("mid-stream failures");
     complete(gateway.http, &text, 1);
-    std::thread::sleep(Duration::from_millis(300));
-    let (holder, held) = explain(gateway.http, &text);
+    let (holder, held) = wait_for_holder(gateway.http, &text);
     assert!(gpu_blocks_on(&held, &holder) > 0, "the index knows who holds the prompt: {held:?}");
     let index = agents.iter().position(|agent| agent.grpc.to_string() == holder).unwrap();
 
@@ -166,6 +190,7 @@ fn an_agent_killed_mid_stream_ends_that_stream_cleanly_and_later_requests_fail_o
         complete(gateway.http, &text, 2);
     }
     gateway.wait_healthy(1, Duration::from_secs(5)).unwrap();
+    gateway.wait_next_batches(1).unwrap();
     let (chosen, held) = explain(gateway.http, &text);
     assert_ne!(chosen, holder);
     assert_eq!(gpu_blocks_on(&held, &holder), 0, "the dead replica's index entries are gone: {held:?}");
@@ -178,8 +203,7 @@ fn a_frozen_agent_is_marked_unhealthy_then_readmitted_with_a_fresh_snapshot() {
     let gateway = GatewayProcess::start(&grpc_addrs(&agents), HEARTBEAT);
     let text = prompt("frozen replicas");
     complete(gateway.http, &text, 1);
-    std::thread::sleep(Duration::from_millis(300));
-    let (holder, _) = explain(gateway.http, &text);
+    let (holder, _) = wait_for_holder(gateway.http, &text);
     let frozen = agents.iter().find(|agent| agent.grpc.to_string() == holder).unwrap();
     let resubscriptions = metric_sum(gateway.http, "kvroute_gateway_resubscriptions_total");
 
@@ -190,6 +214,7 @@ fn a_frozen_agent_is_marked_unhealthy_then_readmitted_with_a_fresh_snapshot() {
     let (status, response) = post(gateway.http, "/v1/completions", &json!({"prompt": text, "max_tokens": 2}));
     assert_eq!(status, 200, "served by the other replica meanwhile: {response}");
     assert_eq!(cached_tokens(&response), 0, "the other replica never held the prompt");
+    gateway.wait_next_batches(1).unwrap();
     let (_, held) = explain(gateway.http, &text);
     assert_eq!(gpu_blocks_on(&held, &holder), 0, "an unhealthy replica's entries are dropped: {held:?}");
 
@@ -212,19 +237,18 @@ fn a_restarted_gateway_rebuilds_its_index_from_snapshots() {
     for text in &topics {
         complete(gateway.http, text, 1);
     }
-    std::thread::sleep(Duration::from_millis(300));
-    let holders: Vec<String> = topics.iter().map(|text| explain(gateway.http, text).0).collect();
+    let holders: Vec<String> = topics.iter().map(|text| wait_for_holder(gateway.http, text).0).collect();
 
     // Under load: requests sent while it is down fail to connect; every request sent once it is ready succeeds.
     let load = Load::start(gateway.http, 2, 6);
-    std::thread::sleep(Duration::from_millis(300));
+    load.wait_for_more(2);
     gateway.process.signal(SIGKILL).unwrap();
     gateway.restart();
     gateway.wait_healthy(2, Duration::from_secs(30)).unwrap();
     let ready_at = Instant::now();
-    std::thread::sleep(Duration::from_secs(1));
+    load.wait_for_sent_after(ready_at, 4);
     let seen = load.finish();
-    let after: Vec<&(u16, String, Instant)> = seen.iter().filter(|(.., sent)| *sent > ready_at).collect();
+    let after: Vec<&Answer> = seen.iter().filter(|(.., sent)| *sent > ready_at).collect();
     assert!(after.len() >= 2 && after.iter().all(|(status, ..)| *status == 200), "after the restart: {after:?}");
     for (text, holder) in topics.iter().zip(&holders) {
         let (chosen, held) = explain(gateway.http, text);
@@ -245,8 +269,11 @@ fn sigterm_on_the_gateway_finishes_the_stream_in_flight_then_exits_zero() {
     assert_eq!(stream.status, 200);
     assert!(stream.next_data().unwrap().contains("\"text\""));
     gateway.process.signal(SIGTERM).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(TcpStream::connect(gateway.http).is_err(), "no new connection is accepted after SIGTERM");
+    wait_until("no new connection accepted after SIGTERM", PATIENCE, || match TcpStream::connect(gateway.http) {
+        Err(_) => Ok(()),
+        Ok(_) => Err("a connection was accepted".into()),
+    })
+    .unwrap();
     let mut after = Vec::new();
     while let Some(data) = stream.next_data() {
         after.push(data);
@@ -349,13 +376,13 @@ fn a_rolling_restart_of_the_agents_under_load_fails_no_request() {
     let mut agents = agents(2, &[]);
     let gateway = GatewayProcess::start(&grpc_addrs(&agents), HEARTBEAT);
     let load = Load::start(gateway.http, 2, 8);
-    std::thread::sleep(Duration::from_millis(500));
+    load.wait_for_more(4);
     for agent in &mut agents {
         agent.process.signal(SIGTERM).unwrap();
         assert_eq!(agent.process.wait_exit(Duration::from_secs(30)), Some(0), "the agent drains and exits");
         agent.restart();
         gateway.wait_healthy(2, Duration::from_secs(30)).unwrap();
-        std::thread::sleep(Duration::from_millis(300));
+        load.wait_for_more(4);
     }
     assert_all_succeeded(&load.finish(), 10);
 }
@@ -374,21 +401,27 @@ fn redis_killed_and_restarted_under_load_fails_no_request() {
     let agents = tiered_agents(2, &redis);
     let gateway = GatewayProcess::start(&grpc_addrs(&agents), HEARTBEAT);
     let load = Load::start(gateway.http, 2, 12);
-    std::thread::sleep(Duration::from_secs(1));
+    // The load runs, and its spills reach Redis.
+    load.wait_for_more(4);
+    wait_until("blocks stored in Redis", PATIENCE, || {
+        let stored: f64 =
+            agents.iter().map(|agent| agent.metric("kvroute_agent_tier_stored_blocks_total{tier=\"network\"}")).sum();
+        if stored > 0.0 { Ok(stored) } else { Err("nothing stored".into()) }
+    })
+    .unwrap();
     redis.kill();
-    let down = Instant::now();
-    while agents.iter().any(|agent| metric_sum(agent.metrics, "kvroute_agent_tier_up{tier=\"network\"}") != 0.0) {
-        assert!(down.elapsed() < Duration::from_secs(10), "the agents report the network tier down");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_secs(1));
+    let tier_up = |agents: &[AgentProcess], up: f64| {
+        let states: Vec<f64> =
+            agents.iter().map(|agent| agent.metric("kvroute_agent_tier_up{tier=\"network\"}")).collect();
+        if states.iter().all(|state| *state == up) { Ok(()) } else { Err(format!("network tier up: {states:?}")) }
+    };
+    wait_until("the agents reporting the network tier down", Duration::from_secs(10), || tier_up(&agents, 0.0))
+        .unwrap();
+    // The load goes on while Redis is down, and after it is back.
+    load.wait_for_more(4);
     redis.restart();
-    let up = Instant::now();
-    while agents.iter().any(|agent| metric_sum(agent.metrics, "kvroute_agent_tier_up{tier=\"network\"}") != 1.0) {
-        assert!(up.elapsed() < Duration::from_secs(20), "the agents reconnect");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_secs(1));
+    wait_until("the agents reconnecting", Duration::from_secs(20), || tier_up(&agents, 1.0)).unwrap();
+    load.wait_for_more(4);
     assert_all_succeeded(&load.finish(), 10);
 }
 
@@ -432,11 +465,13 @@ fn redis_at_maxmemory_with_allkeys_lru_keeps_serving() {
     for more in 0..20 {
         complete(gateway.http, &prompt(&format!("filler {}", round + more)), 1);
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric_sum(agent, "kvroute_agent_tier_stored_blocks_total{tier=\"network\"}") <= stored {
-        assert!(Instant::now() < deadline, "no more blocks reached Redis once it was full");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until("more blocks in Redis once it was full", Duration::from_secs(10), || {
+        let now = metric_sum(agent, "kvroute_agent_tier_stored_blocks_total{tier=\"network\"}");
+        if now > stored { Ok(now) } else { Err(format!("{now} stored, {stored} when it was full")) }
+    })
+    .unwrap();
+    // Before the checks that nothing failed: the agent's next heartbeats, after any write still in flight.
+    gateway.wait_next_batches(1).unwrap();
     assert_eq!(metric_sum(agent, "kvroute_agent_tier_up{tier=\"network\"}"), 1.0);
     assert_eq!(metric_sum(agent, "kvroute_agent_redis_errors_total"), 0.0, "allkeys-lru never refuses a write");
 }
@@ -457,11 +492,11 @@ fn corrupted_redis_records_are_detected_counted_and_recomputed() {
         complete(on_a.http, &text, 8);
     }
     let blocks = cold["usage"]["prompt_tokens"].as_u64().unwrap() as usize / 16;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while keys(&redis).len() < blocks {
-        assert!(Instant::now() < deadline, "the prompt's blocks did not reach Redis: {} keys", keys(&redis).len());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until("the prompt's blocks in Redis", Duration::from_secs(10), || match keys(&redis).len() {
+        held if held >= blocks => Ok(held),
+        held => Err(format!("{held} keys")),
+    })
+    .unwrap();
     for key in keys(&redis) {
         let reply = redis.command(&[b"SETRANGE", &key, b"100", b"corrupted bytes"]).unwrap();
         assert!(reply.starts_with(b":"), "{}", String::from_utf8_lossy(&reply));
@@ -510,5 +545,7 @@ fn past_capacity_admission_answers_429_and_every_accepted_request_completes() {
     let slowest_refusal = rejected.iter().map(|(.., took)| *took).max().unwrap();
     let slowest_accepted = accepted.iter().map(|(.., took)| *took).max().unwrap();
     assert!(slowest_refusal < slowest_accepted, "refused in {slowest_refusal:?}, served in {slowest_accepted:?}");
+    // The agent's counters as of after the accepted requests finished.
+    agents[0].wait_finished(accepted.len()).unwrap();
     assert_eq!(metric_sum(agents[0].metrics, "kvroute_agent_preemptions_total"), 0.0);
 }

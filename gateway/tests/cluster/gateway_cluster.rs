@@ -7,79 +7,48 @@
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use kvroute_proto::pb::{self, generate_client::GenerateClient};
-use kvroute_test_support::{ChildProcess, free_port, http_request, project_binary};
+use kvroute_test_support::services::{AgentProcess, GatewayProcess, PATIENCE, wait_finished_on};
+use kvroute_test_support::{http_request, wait_until};
 use serde_json::{Value, json};
 
-/// Clusters of this file run one at a time: each is several processes on a
-/// small machine, and heartbeats must not starve.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+use crate::serial;
 
 /// The admin key of the gateways here, for `/debug/route`.
 const ADMIN_KEY: &str = "sk-cluster-admin";
 
 struct Cluster {
     _serial: std::sync::MutexGuard<'static, ()>,
-    agents: Vec<(ChildProcess, SocketAddr, SocketAddr)>,
-    _gateway: ChildProcess,
+    agents: Vec<AgentProcess>,
+    gateway: GatewayProcess,
     http: SocketAddr,
     grpc: SocketAddr,
 }
 
-fn addr() -> SocketAddr {
-    format!("127.0.0.1:{}", free_port()).parse().unwrap()
-}
-
 fn start(agents: usize) -> Cluster {
-    start_with(agents, &[], &[])
+    start_with(agents, &[])
 }
 
-/// [`start`] with extra gateway arguments and headers for its readiness probe.
-fn start_with(agents: usize, gateway_args: &[&str], ready_headers: &[(&str, &str)]) -> Cluster {
-    start_serving("tiny-random", agents, gateway_args, ready_headers)
+/// [`start`] with extra gateway arguments.
+fn start_with(agents: usize, gateway_args: &[&str]) -> Cluster {
+    start_serving("tiny-random", agents, gateway_args)
 }
 
-/// [`start_with`] serving `model` (`tiny-random` or a GGUF file, whose tokenizer the gateway then uses).
-fn start_serving(model: &str, agents: usize, gateway_args: &[&str], ready_headers: &[(&str, &str)]) -> Cluster {
-    let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let agent_binary = project_binary("kvroute-node-agent", "node-agent");
-    let mut started = Vec::new();
-    for i in 0..agents {
-        let (grpc, metrics) = (addr(), addr());
-        let mut command = Command::new(&agent_binary);
-        command
-            .args(["--model", model, "--num-blocks", "512", "--agent-id", &format!("agent-{i}")])
-            .args(["--listen", &grpc.to_string(), "--metrics-addr", &metrics.to_string()])
-            .stderr(Stdio::null());
-        started.push((ChildProcess::spawn("node-agent", &mut command).unwrap(), grpc, metrics));
-    }
-    for (agent, grpc, _) in &mut started {
-        agent.wait_for_tcp(*grpc, Duration::from_secs(60)).unwrap();
-    }
-    let (http, grpc) = (addr(), addr());
-    let list: Vec<String> = started.iter().map(|(_, grpc, _)| grpc.to_string()).collect();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
-    command
-        .args(["--http-addr", &http.to_string(), "--grpc-addr", &grpc.to_string(), "--agents", &list.join(",")])
-        .args(["--heartbeat-timeout-ms", "1500", "--admin-api-key", ADMIN_KEY])
-        .args(gateway_args)
-        .args(if model == "tiny-random" { vec![] } else { vec!["--tokenizer", model] })
-        .stderr(Stdio::null());
-    let mut gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
-    gateway.wait_for_tcp(http, Duration::from_secs(30)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let ready = http_request(http, "GET", "/ready", ready_headers, b"").unwrap();
-        let healthy = serde_json::from_slice::<Value>(&ready.body).unwrap()["healthy_replicas"].as_u64().unwrap_or(0);
-        if ready.status == 200 && healthy == agents as u64 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "gateway not ready: {}", ready.text());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Cluster { _serial: serial, agents: started, _gateway: gateway, http, grpc }
+/// [`start_with`] serving `model` (`tiny-random` or a GGUF file, whose tokenizer the gateway then uses);
+/// returns once the gateway is ready with every agent healthy.
+fn start_serving(model: &str, agents: usize, gateway_args: &[&str]) -> Cluster {
+    let serial = serial();
+    let started: Vec<AgentProcess> = (0..agents)
+        .map(|i| AgentProcess::start(&["--model", model, "--num-blocks", "512", "--agent-id", &format!("agent-{i}")]))
+        .collect();
+    let grpcs: Vec<SocketAddr> = started.iter().map(|agent| agent.grpc).collect();
+    let tokenizer = if model == "tiny-random" { vec![] } else { vec!["--tokenizer", model] };
+    let args =
+        [&["--heartbeat-timeout-ms", "1500", "--admin-api-key", ADMIN_KEY], gateway_args, &tokenizer[..]].concat();
+    let gateway = GatewayProcess::start(&grpcs, &args);
+    let (http, grpc) = (gateway.http, gateway.grpc);
+    Cluster { _serial: serial, agents: started, gateway, http, grpc }
 }
 
 fn post(cluster: &Cluster, path: &str, body: &Value) -> (u16, Value) {
@@ -119,7 +88,8 @@ fn repeated_prefix_goes_to_its_holder_and_unrelated_prompts_spread() {
     assert_eq!(first["object"], "text_completion");
     let prompt_tokens = first["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(prompt_tokens >= 64);
-    std::thread::sleep(Duration::from_millis(300)); // events reach the gateway
+    // The holder's stored events reach the gateway: its index holds the prompt's full blocks.
+    cluster.gateway.wait_indexed(prompt_tokens / 16).unwrap();
     for _ in 0..3 {
         let (status, again) = post(&cluster, "/v1/completions", &body);
         assert_eq!(status, 200);
@@ -133,8 +103,10 @@ fn repeated_prefix_goes_to_its_holder_and_unrelated_prompts_spread() {
             post(&cluster, "/v1/completions", &json!({"prompt": long_prompt(&format!("topic {i}")), "max_tokens": 2}));
         assert_eq!(status, 200);
     }
-    for (_, _, metrics) in &cluster.agents {
-        assert!(metric(*metrics, "kvroute_agent_prompt_tokens_total") > 0.0, "every replica served something");
+    // Agents publish their counters after steps: wait until they count all 12 requests as finished.
+    wait_finished_on(&cluster.agents, 12).unwrap();
+    for agent in &cluster.agents {
+        assert!(metric(agent.metrics, "kvroute_agent_prompt_tokens_total") > 0.0, "every replica served something");
     }
     // The explain endpoint shows the holder's GPU blocks.
     let (status, explained) =
@@ -161,7 +133,8 @@ fn chat_turn_two_reuses_turn_one_answer() {
     let answer = turn1["choices"][0]["message"]["content"].as_str().unwrap().to_string();
     let p1 = turn1["usage"]["prompt_tokens"].as_u64().unwrap();
     let n1 = turn1["usage"]["completion_tokens"].as_u64().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // Turn 1's blocks, its answer's included, reach the gateway's index.
+    cluster.gateway.wait_indexed((p1 + n1 - 1) / 16).unwrap();
     let assistant = json!({"role": "assistant", "content": answer});
     let user2 = json!({"role": "user", "content": "And one more?"});
     let (status, turn2) = post(
@@ -254,7 +227,7 @@ fn streaming_grpc_and_errors() {
 #[test]
 fn smollm2_answers_a_simple_question_through_the_gateway() {
     let smollm2 = kvroute_test_support::smollm2_path();
-    let cluster = start_serving(smollm2.to_str().unwrap(), 1, &[], &[]);
+    let cluster = start_serving(smollm2.to_str().unwrap(), 1, &[]);
     let question = json!({
         "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "max_tokens": 12,
@@ -265,7 +238,7 @@ fn smollm2_answers_a_simple_question_through_the_gateway() {
     let text = answer["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(text.contains("Paris"), "SmolLM2 should name Paris: {text:?}");
     // Asked again, the prompt comes from the cache and greedy decoding gives the same answer.
-    std::thread::sleep(Duration::from_millis(300));
+    cluster.gateway.wait_indexed(answer["usage"]["prompt_tokens"].as_u64().unwrap() / 16).unwrap();
     let (status, again) = post(&cluster, "/v1/chat/completions", &question);
     assert_eq!(status, 200, "{again}");
     assert!(cached_tokens(&again) > 0, "{again}");
@@ -280,7 +253,7 @@ fn private_tenants_do_not_share_cached_prefixes() {
     let bob = [("Authorization", "Bearer sk-bob")];
     let carol = [("Authorization", "Bearer sk-carol")];
     // One replica: whatever is not shared is not shared by the cache itself, not by routing.
-    let cluster = start_with(1, &["--api-keys", keys.path().to_str().unwrap()], &alice);
+    let cluster = start_with(1, &["--api-keys", keys.path().to_str().unwrap()]);
     let body = json!({"prompt": long_prompt("a confidential merger"), "max_tokens": 4, "temperature": 0});
     let completions = "/v1/completions";
     let (status, first) = post_with(&cluster, &alice, completions, &body);
@@ -303,31 +276,17 @@ fn private_tenants_do_not_share_cached_prefixes() {
 
 #[test]
 fn a_replica_whose_tokenizer_differs_is_refused() {
-    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _serial = serial();
     // The agent serves tiny-random (the built-in tokenizer's vocabulary); the gateway tokenizes with SmolLM2's.
-    let (agent_grpc, agent_metrics) = (addr(), addr());
-    let mut command = Command::new(project_binary("kvroute-node-agent", "node-agent"));
-    command
-        .args(["--model", "tiny-random", "--num-blocks", "64", "--listen", &agent_grpc.to_string()])
-        .args(["--metrics-addr", &agent_metrics.to_string()])
-        .stderr(Stdio::null());
-    let mut _agent = ChildProcess::spawn("node-agent", &mut command).unwrap();
-    _agent.wait_for_tcp(agent_grpc, Duration::from_secs(60)).unwrap();
-    let (http, grpc) = (addr(), addr());
+    let agent = AgentProcess::start(&["--model", "tiny-random", "--num-blocks", "64"]);
     let smollm2 = kvroute_test_support::smollm2_path();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
-    command
-        .args(["--http-addr", &http.to_string(), "--grpc-addr", &grpc.to_string(), "--agents", &agent_grpc.to_string()])
-        .arg("--tokenizer")
-        .arg(&smollm2)
-        .stderr(Stdio::null());
-    let mut _gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
-    _gateway.wait_for_tcp(http, Duration::from_secs(30)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while metric(http, "kvroute_gateway_replicas_refused_total") < 1.0 {
-        assert!(Instant::now() < deadline, "the replica was never refused");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let gateway = GatewayProcess::spawn(&[agent.grpc], &["--tokenizer", smollm2.to_str().unwrap()]);
+    let http = gateway.http;
+    wait_until("the replica refused", PATIENCE, || {
+        let refused = metric(http, "kvroute_gateway_replicas_refused_total");
+        if refused >= 1.0 { Ok(refused) } else { Err(format!("{refused} refused")) }
+    })
+    .unwrap();
     let ready = http_request(http, "GET", "/ready", &[], b"").unwrap();
     assert_eq!(ready.status, 503, "{}", ready.text());
     let body = serde_json::from_slice::<Value>(&ready.body).unwrap();
@@ -343,8 +302,7 @@ fn bad_input_gets_its_status_and_message_over_http_and_grpc() {
     std::fs::write(keys.path(), "sk-good acme private\n").unwrap();
     let keys_path = keys.path().to_str().unwrap();
     let auth = [("Authorization", "Bearer sk-good"), ("Content-Type", "application/json")];
-    let cluster =
-        start_with(1, &["--api-keys", keys_path, "--max-body-bytes", "65536"], &[("Authorization", "Bearer sk-good")]);
+    let cluster = start_with(1, &["--api-keys", keys_path, "--max-body-bytes", "65536"]);
     let huge_prompt = "word ".repeat(6000); // past tiny-random's context once tokenized, under the body limit
     let too_big = format!("{{\"prompt\": \"{}\"}}", "x".repeat(70_000));
     let good = &auth[..];

@@ -7,16 +7,18 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvroute_proto::pb::{self, generate_client::GenerateClient};
-use kvroute_test_support::http_request;
-use kvroute_test_support::services::{AgentProcess, GatewayProcess};
+use kvroute_test_support::services::{AgentProcess, GatewayProcess, PATIENCE};
 use kvroute_test_support::tls::TestPki;
+use kvroute_test_support::{http_request, wait_until};
 use serde_json::{Value, json};
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+
+use crate::serial;
 
 /// One HTTP/1.1 request over TLS to `addr`, trusting only `ca_pem` (None: trusting nothing).
 fn https(
@@ -61,19 +63,28 @@ fn healthy_over_https(gateway: SocketAddr, ca_pem: &str) -> u64 {
 
 #[test]
 fn https_and_grpc_over_tls_on_the_ingress_and_to_the_agents() {
+    let _serial = serial();
     let pki = TestPki::generate();
     let (cert, key, ca) = (pki.cert_path(), pki.key_path(), pki.ca_path());
     let (cert, key, ca) = (cert.to_str().unwrap(), key.to_str().unwrap(), ca.to_str().unwrap());
-    let agent =
-        AgentProcess::start(&["--model", "tiny-random", "--num-blocks", "128", "--tls-cert", cert, "--tls-key", key]);
+    // The agent logs every connection that fails its TLS handshake (tonic's "tls accept error").
+    let dir = tempfile::tempdir().unwrap();
+    let agent_log = dir.path().join("agent.log");
+    let agent = AgentProcess::start_logging(
+        &["--model", "tiny-random", "--num-blocks", "128", "--tls-cert", cert, "--tls-key", key],
+        &agent_log,
+        "info,tonic=debug",
+    );
     // The agent's certificate names 127.0.0.1, the address the gateway dials.
     let gateway = GatewayProcess::spawn(&[agent.grpc], &["--tls-cert", cert, "--tls-key", key, "--agent-tls-ca", ca]);
     let plain_gateway = GatewayProcess::spawn(&[agent.grpc], &[]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while healthy_over_https(gateway.http, &pki.ca_pem) != 1 {
-        assert!(Instant::now() < deadline, "the TLS gateway never reached the TLS agent");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("the TLS gateway reaching the TLS agent", PATIENCE, || {
+        match healthy_over_https(gateway.http, &pki.ca_pem) {
+            1 => Ok(()),
+            healthy => Err(format!("{healthy} healthy replicas")),
+        }
+    })
+    .unwrap();
 
     // HTTPS ingress: a completion runs end to end over TLS on both hops.
     let body = json!({"prompt": "Hello over TLS", "max_tokens": 3}).to_string();
@@ -117,7 +128,16 @@ fn https_and_grpc_over_tls_on_the_ingress_and_to_the_agents() {
         assert!(refused, "plain-text gRPC reached the TLS listener");
     });
 
-    // The gateway without the CA speaks plain text to the agent, which refuses it: never healthy.
+    // The gateway without the CA speaks plain text to the agent, which refuses it: never healthy. Once the
+    // agent has refused two of its connections, it has seen its first attempt fail and tried again.
+    wait_until("the agent refusing the plain-text gateway twice", PATIENCE, || {
+        let log = std::fs::read_to_string(&agent_log).unwrap_or_default();
+        match log.matches("tls accept error").count() {
+            refused if refused >= 2 => Ok(refused),
+            refused => Err(format!("{refused} refused connections")),
+        }
+    })
+    .unwrap();
     let ready = http_request(plain_gateway.http, "GET", "/ready", &[], b"").unwrap();
     let ready: Value = serde_json::from_slice(&ready.body).unwrap();
     assert_eq!(ready["healthy_replicas"], 0, "a plain-text gateway reached a TLS agent");

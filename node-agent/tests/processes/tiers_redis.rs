@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvroute_node_agent::engine::model_executor::ModelExecutor;
 use kvroute_node_agent::engine::thread::SharedSink;
@@ -19,6 +19,7 @@ use kvroute_node_agent::tiers::network::{NetworkConfig, NetworkTier};
 use kvroute_proto::block_record::ModelFingerprint;
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, KvDtype, KvEvent, SamplingParams, Tier};
 use kvroute_proto::{BlockHash, BlockHasher};
+use kvroute_test_support::services::PATIENCE;
 use kvroute_test_support::{RedisCluster, RedisServer, free_port};
 
 const BLOCK: usize = 4;
@@ -34,6 +35,10 @@ struct Agent {
     engine: Engine<ModelExecutor>,
     network: Option<NetworkTier>,
     events: SharedSink,
+    /// Every block the network tier reported written, in order (kept, where `events` is taken).
+    written: Arc<Mutex<Vec<BlockHash>>>,
+    /// Marker blocks queued by [`Agent::settle_writes`], left out of [`Agent::stored`].
+    markers: Vec<BlockHash>,
 }
 
 fn fingerprint(model: &Model) -> ModelFingerprint {
@@ -58,16 +63,25 @@ fn agent_with(blocks: usize, host_blocks: usize, network: Option<NetworkConfig>,
     let kv = KvStore::new(geometry, blocks, BLOCK);
     let per_block = kv.bytes_per_block() as u64;
     let events = SharedSink::default();
+    let written: Arc<Mutex<Vec<BlockHash>>> = Arc::default();
     let network = network.map(|config| {
-        let sink = events.clone();
-        NetworkTier::start(config, fingerprint(&model), BLOCK as u32, per_block, Arc::new(move |e| sink.push(e)))
+        let (sink, log) = (events.clone(), written.clone());
+        let callback = move |event: KvEvent| {
+            let stored = match &event {
+                KvEvent::Stored { tier: Tier::Network, hashes } => hashes.clone(),
+                _ => Vec::new(),
+            };
+            sink.push(event);
+            log.lock().unwrap().extend(stored);
+        };
+        NetworkTier::start(config, fingerprint(&model), BLOCK as u32, per_block, Arc::new(callback))
     });
     let host = (host_blocks > 0).then(|| HostTier::new(host_blocks as u64 * per_block));
     let spill = network.clone().map(|n| Box::new(move |h, b| n.spill(h, b)) as SpillFn);
     let config = EngineConfig { capture_logits: true, ..EngineConfig::default() };
     let engine = Engine::new(config, ModelExecutor::new(model, kv), Vec::new(), Box::new(events.clone()))
         .with_tiering(Tiering::new(host, spill).with_write_through(write_through));
-    Agent { engine, network, events }
+    Agent { engine, network, events, written, markers: Vec::new() }
 }
 
 fn request(prompt: &[u32], scope: &[u8]) -> AgentGenerateRequest {
@@ -148,18 +162,42 @@ impl Agent {
                 _ => None,
             })
             .flatten()
+            .filter(|hash| !self.markers.contains(hash))
             .collect()
+    }
+
+    /// Waits until the network tier has reported every block of `hashes` written to Redis.
+    async fn wait_written(&self, hashes: &[BlockHash]) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let missing = {
+                let written = self.written.lock().unwrap();
+                hashes.iter().filter(|hash| !written.contains(hash)).count()
+            };
+            if missing == 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{missing} of {} blocks were never written to Redis", hashes.len());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits until the writes queued so far are done: queues a marker block behind them and waits until the
+    /// tier reports it written (writers take the queue in order). A check that something was *not* written
+    /// comes after this.
+    async fn settle_writes(&mut self) {
+        let network = self.network.clone().unwrap();
+        let seed = self.markers.len() as u32;
+        let marker = BlockHasher::new(BLOCK as u32, "tiny-random", b"write marker").hashes(&[seed; BLOCK])[0];
+        self.markers.push(marker);
+        assert!(network.spill(marker, Arc::new(vec![0; 64])), "the write queue took the marker");
+        self.wait_written(&[marker]).await;
     }
 }
 
-async fn wait_for_writes(network: &NetworkTier) {
-    for _ in 0..200 {
-        if network.queue_depth() == 0 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+/// The hashes of `prompt`'s full blocks in `scope`.
+fn hashes(prompt: &[u32], scope: &[u8]) -> Vec<BlockHash> {
+    BlockHasher::new(BLOCK as u32, "tiny-random", scope).hashes(prompt)
 }
 
 /// Waits up to `seconds` for the tier to report itself up (or down); the caller asserts the outcome.
@@ -202,7 +240,7 @@ async fn redis_reload_on_the_same_and_a_second_agent_is_bit_identical() {
     let mut a = agent(12, 0, Some(redis.url()));
     assert_same(&cold, &a.run(&target, b"t:a").await);
     a.churn(4).await;
-    wait_for_writes(a.network.as_ref().unwrap()).await;
+    a.wait_written(&hashes(&target, b"t:a")).await;
     assert!(!a.stored(Tier::Network).is_empty(), "the writer reported network-tier stores");
     let again = a.run(&target, b"t:a").await;
     assert_eq!(again.cached_tokens, 20);
@@ -230,8 +268,8 @@ async fn corrupt_records_are_misses_deleted_and_recomputed() {
     a.run(&target, b"").await;
     a.churn(4).await;
     let network = a.network.clone().unwrap();
-    wait_for_writes(&network).await;
-    let hashes = BlockHasher::new(4, "tiny-random", b"").hashes(&target);
+    let hashes = hashes(&target, b"");
+    a.wait_written(&hashes).await;
     // Corrupt block 2's record: flip a payload byte.
     let key = network.key(&hashes[2]);
     let raw = redis.command(&[b"GET", key.as_bytes()]).unwrap();
@@ -265,7 +303,7 @@ async fn redis_down_at_start_then_back_never_fails_a_request() {
     assert!(network.is_up(), "the tier reconnected");
     a.run(&target, b"").await;
     a.churn(4).await;
-    wait_for_writes(&network).await;
+    a.wait_written(&hashes(&target, b"")).await;
     let again = a.run(&target, b"").await;
     assert_eq!(again.cached_tokens, 20, "reloaded from the Redis that came back");
     assert_same(&cold, &again);
@@ -297,7 +335,8 @@ async fn write_through_shares_hot_blocks_before_any_eviction() {
     for _ in 0..3 {
         assert_same(&cold, &a.run(&target, b"").await);
     }
-    wait_for_writes(a.network.as_ref().unwrap()).await;
+    a.wait_written(&hashes).await;
+    a.settle_writes().await;
     assert_eq!(a.engine.blocks().probe(&hashes).0, 5, "the prompt's blocks are still in the pool");
     let mut written = a.stored(Tier::Network);
     written.sort();
@@ -315,7 +354,7 @@ async fn write_through_shares_hot_blocks_before_any_eviction() {
     for _ in 0..3 {
         c.run(&prompt(6, 22), b"").await;
     }
-    wait_for_writes(c.network.as_ref().unwrap()).await;
+    c.settle_writes().await;
     assert!(c.stored(Tier::Network).is_empty());
 }
 
@@ -328,7 +367,7 @@ async fn slow_or_failing_redis_never_fails_a_request() {
     a.run(&target, b"").await;
     a.churn(4).await;
     let network = a.network.clone().unwrap();
-    wait_for_writes(&network).await;
+    a.wait_written(&hashes(&target, b"")).await;
 
     // Frozen: reads time out, the request is recomputed, and it completes while Redis is still frozen.
     redis.pause();
@@ -363,7 +402,7 @@ async fn redis_cluster_tier_shares_blocks_across_agents() {
     let mut a = agent_with(12, 0, Some(config.clone()), 0);
     a.run(&target, b"").await;
     a.churn(4).await;
-    wait_for_writes(a.network.as_ref().unwrap()).await;
+    a.wait_written(&hashes(&target, b"")).await;
     assert!(!a.stored(Tier::Network).is_empty());
     let holding =
         cluster.nodes.iter().filter(|node| node.command(&[b"DBSIZE"]).is_ok_and(|reply| reply != b":0\r\n")).count();
@@ -413,9 +452,9 @@ async fn a_block_gone_from_redis_is_reported_removed() {
     let mut a = agent(12, 0, Some(redis.url()));
     a.run(&target, b"").await;
     a.churn(4).await;
-    wait_for_writes(a.network.as_ref().unwrap()).await;
+    let hashes = hashes(&target, b"");
+    a.wait_written(&hashes).await;
     // Block 2 expires (or Redis evicts it): no event tells anyone.
-    let hashes = BlockHasher::new(4, "tiny-random", b"").hashes(&target);
     let key = a.network.as_ref().unwrap().key(&hashes[2]);
     redis.command(&[b"DEL", key.as_bytes()]).unwrap();
     // The next agent to look for it finds the gap, serves what precedes it, and reports the block gone.

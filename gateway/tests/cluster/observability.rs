@@ -13,56 +13,33 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kvroute_test_support::{ChildProcess, RedisServer, free_port, http_request, project_binary, repo_root};
+use kvroute_test_support::services::{AgentProcess, GatewayProcess, PATIENCE};
+use kvroute_test_support::{RedisServer, http_request, repo_root, wait_until};
 use serde_json::json;
 
-/// One set of services at a time: several processes on a small machine.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+use crate::serial;
 
 const MONITORING_FILES: [&str; 2] = ["deploy/grafana/kvroute-dashboard.json", "deploy/prometheus/alerts.yml"];
 
 struct Services {
     _serial: std::sync::MutexGuard<'static, ()>,
     _redis: RedisServer,
-    _agent: ChildProcess,
-    _gateway: ChildProcess,
+    agent: AgentProcess,
+    _gateway: GatewayProcess,
     http: SocketAddr,
     agent_metrics: SocketAddr,
 }
 
-fn addr() -> SocketAddr {
-    format!("127.0.0.1:{}", free_port()).parse().unwrap()
-}
-
 /// Redis, one agent whose pool (24 blocks) and host tier (64 KiB, a few blocks) overflow quickly, a gateway.
 fn start() -> Services {
-    let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let serial = serial();
     let redis = RedisServer::start();
-    let (grpc, agent_metrics) = (addr(), addr());
-    let mut command = Command::new(project_binary("kvroute-node-agent", "node-agent"));
-    command
-        .args(["--model", "tiny-random", "--num-blocks", "24", "--host-cache-bytes", "64KiB"])
-        .args(["--redis-url", &redis.url(), "--agent-id", "agent-0"])
-        .args(["--listen", &grpc.to_string(), "--metrics-addr", &agent_metrics.to_string()])
-        .stderr(Stdio::null());
-    let mut agent = ChildProcess::spawn("node-agent", &mut command).unwrap();
-    agent.wait_for_tcp(grpc, Duration::from_secs(60)).unwrap();
-    let http = addr();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
-    command
-        .args(["--http-addr", &http.to_string(), "--grpc-addr", &addr().to_string()])
-        .args(["--agents", &grpc.to_string()])
-        .stderr(Stdio::null());
-    let mut gateway = ChildProcess::spawn("gateway", &mut command).unwrap();
-    gateway.wait_for_tcp(http, Duration::from_secs(30)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while http_request(http, "GET", "/ready", &[], b"").unwrap().status != 200 {
-        assert!(Instant::now() < deadline, "the gateway did not become ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Services { _serial: serial, _redis: redis, _agent: agent, _gateway: gateway, http, agent_metrics }
+    let agent = AgentProcess::start_tiered(&redis.url(), "agent-0", &[]);
+    let gateway = GatewayProcess::start(&[agent.grpc], &[]);
+    let (http, agent_metrics) = (gateway.http, agent.metrics);
+    Services { _serial: serial, _redis: redis, agent, _gateway: gateway, http, agent_metrics }
 }
 
 fn complete(services: &Services, prompt: &str) {
@@ -89,7 +66,20 @@ fn drive_traffic(services: &Services) {
     for ticket in 0..6 {
         complete(services, &format!("Ticket {ticket}: rivers and lakes of the northern region. ").repeat(12));
     }
-    std::thread::sleep(Duration::from_millis(300)); // spills reach Redis
+    // Spills reach Redis: the agent's write queue is empty and it has stored at least the hot blocks it
+    // sent to the network tier first.
+    wait_until("the spilled blocks in Redis", PATIENCE, || {
+        let agent = &services.agent;
+        let queued = agent.metric("kvroute_agent_tier_queue_depth{tier=\"network\"}");
+        let stored = agent.metric("kvroute_agent_tier_stored_blocks_total{tier=\"network\"}");
+        let written_through = agent.metric("kvroute_agent_write_through_blocks_total");
+        if queued == 0.0 && written_through > 0.0 && stored >= written_through {
+            Ok(stored)
+        } else {
+            Err(format!("{queued} queued, {stored} stored, {written_through} written through"))
+        }
+    })
+    .unwrap();
     // The shared prefix left the pool: reloaded from a lower tier.
     complete(services, &shared);
 }
@@ -145,21 +135,20 @@ fn monitoring_files_use_only_exported_series() {
     let services = start();
     drive_traffic(&services);
     // Agents publish their engine's state at heartbeats: wait until the series are there.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    wait_until("every series the monitoring files use", Duration::from_secs(20), || {
         let gateway = series_names(&scrape(services.http));
         let agent = series_names(&scrape(services.agent_metrics));
         let missing = missing(&gateway, &agent);
         if missing.is_empty() {
-            break;
+            Ok(())
+        } else {
+            Err(format!(
+                "series used by the monitoring files but not exported:\n  {}\ngateway exports: {gateway:?}\nagent exports: {agent:?}",
+                missing.join("\n  ")
+            ))
         }
-        assert!(
-            Instant::now() < deadline,
-            "series used by the monitoring files but not exported:\n  {}\ngateway exports: {gateway:?}\nagent exports: {agent:?}",
-            missing.join("\n  ")
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    })
+    .unwrap_or_else(|message| panic!("{message}"));
 }
 
 /// `promtool`: `$PROMTOOL`, then `PATH`, then the Debian path.
@@ -203,7 +192,8 @@ fn both_metrics_endpoints_pass_promtool_check_metrics() {
     let promtool = promtool();
     let services = start();
     drive_traffic(&services);
-    std::thread::sleep(Duration::from_secs(1)); // a heartbeat publishes the agent's engine state
+    // The agent publishes its engine's state after steps: wait until it counts all 10 requests finished.
+    services.agent.wait_finished(10).unwrap();
     let mut failures = Vec::new();
     for (service, addr) in [("gateway", services.http), ("node-agent", services.agent_metrics)] {
         let body = scrape(addr);

@@ -19,7 +19,7 @@ fn hash_prints_one_line_per_full_block() {
     let stdout = String::from_utf8(output.stdout).unwrap();
     // Golden vector "B=16, 37 tokens: 2 blocks and 5 tail tokens" (proto/testdata/block_hash_v1.json).
     let golden: serde_json::Value =
-        serde_json::from_str(include_str!("../../proto/testdata/block_hash_v1.json")).unwrap();
+        serde_json::from_str(include_str!("../../../proto/testdata/block_hash_v1.json")).unwrap();
     let vector = golden["vectors"]
         .as_array()
         .unwrap()

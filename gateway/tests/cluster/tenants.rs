@@ -6,13 +6,12 @@
 #![allow(clippy::unwrap_used)]
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 
-use kvroute_test_support::services::{AgentProcess, EventStream, GatewayProcess, metric_sum};
-use kvroute_test_support::{RedisServer, http_request};
+use kvroute_test_support::services::{AgentProcess, EventStream, GatewayProcess, PATIENCE, metric_sum};
+use kvroute_test_support::{RedisServer, http_request, wait_until};
 use serde_json::{Value, json};
 
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+use crate::serial;
 
 const KEYS: &str = "sk-alice-4f1c9e alice private\nsk-bob-77aa01 bob private\nsk-carol-0b3e52 carol off\n";
 
@@ -31,7 +30,7 @@ fn cached(http: SocketAddr, key: &str, prompt: &str) -> u64 {
 
 #[test]
 fn a_private_tenant_never_hits_another_tenants_blocks_in_any_tier_and_scope_off_never_reuses() {
-    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _serial = serial();
     let keys = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(keys.path(), KEYS).unwrap();
     let keys_arg = ["--api-keys", keys.path().to_str().unwrap()];
@@ -51,11 +50,11 @@ fn a_private_tenant_never_hits_another_tenants_blocks_in_any_tier_and_scope_off_
     for _ in 0..3 {
         cached(on_a.http, alice, &secret);
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric_sum(agents[0].metrics, "kvroute_agent_tier_stored_blocks_total{tier=\"network\"}") == 0.0 {
-        assert!(Instant::now() < deadline, "alice's blocks never reached Redis");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("alice's blocks in Redis", PATIENCE, || {
+        let stored = agents[0].metric("kvroute_agent_tier_stored_blocks_total{tier=\"network\"}");
+        if stored > 0.0 { Ok(stored) } else { Err("nothing stored in the network tier".into()) }
+    })
+    .unwrap();
     for filler in 0..6 {
         cached(on_a.http, alice, &format!("Unrelated filler text number {filler}. ").repeat(8));
     }
@@ -64,15 +63,18 @@ fn a_private_tenant_never_hits_another_tenants_blocks_in_any_tier_and_scope_off_
     for gateway in [&on_a, &on_b] {
         assert_eq!(cached(gateway.http, "sk-bob-77aa01", &secret), 0, "bob must not reuse alice's blocks");
     }
-    // Carol has caching off: not even her own repeat is reused, and she leaves nothing cached behind
-    // (the agent publishes its gauges every 100 ms).
-    std::thread::sleep(Duration::from_millis(300));
+    // Carol has caching off: not even her own repeat is reused, and she leaves nothing cached behind.
+    // The agent publishes its gauges with its finished-request count: wait until they show bob's request
+    // (the only one agent b served), and after carol's, until they show hers and the agent's next heartbeats
+    // (which carry any network-tier store) reached the gateway.
+    agents[1].wait_finished(1).unwrap();
     let cached_blocks = metric_sum(agents[1].metrics, "kvroute_agent_kv_blocks_cached");
     let network_stores = metric_sum(agents[1].metrics, "kvroute_agent_tier_stored_blocks_total");
     for _ in 0..3 {
         assert_eq!(cached(on_b.http, "sk-carol-0b3e52", &secret), 0, "scope off: no reuse at all");
     }
-    std::thread::sleep(Duration::from_millis(300));
+    agents[1].wait_finished(4).unwrap();
+    on_b.wait_next_batches(1).unwrap();
     assert_eq!(metric_sum(agents[1].metrics, "kvroute_agent_kv_blocks_cached"), cached_blocks);
     assert_eq!(metric_sum(agents[1].metrics, "kvroute_agent_tier_stored_blocks_total"), network_stores);
 
@@ -87,7 +89,7 @@ fn a_private_tenant_never_hits_another_tenants_blocks_in_any_tier_and_scope_off_
 
 #[test]
 fn api_keys_and_prompt_text_never_reach_logs_metrics_or_error_messages() {
-    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys");
     std::fs::write(&keys, KEYS).unwrap();

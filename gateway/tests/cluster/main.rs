@@ -1,0 +1,18 @@
+//! The gateway's tests that start processes (node-agents, gateways, redis-servers, the `gateway hash`
+//! command), in one test binary: linking one binary instead of six saves most of their build time. Each
+//! module was a test file of its own and keeps its name, so a test is named `faults::...`,
+//! `gateway_cluster::...`, and so on.
+
+mod cli_hash;
+mod faults;
+mod gateway_cluster;
+mod observability;
+mod tenants;
+mod tls;
+
+/// Tests that start a cluster take this lock and run one at a time: each is several processes on a small
+/// machine, and heartbeats must not starve.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
