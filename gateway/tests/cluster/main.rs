@@ -1,12 +1,14 @@
 //! The gateway's tests that start processes (node-agents, gateways, redis-servers, the `gateway hash`
-//! command), in one test binary: linking one binary instead of six saves most of their build time. Each
+//! command), in one test binary: linking one binary instead of eight saves most of their build time. Each
 //! module was a test file of its own and keeps its name, so a test is named `faults::...`,
 //! `gateway_cluster::...`, and so on.
 
 mod cli_hash;
 mod faults;
 mod gateway_cluster;
+mod ingress;
 mod observability;
+mod replica_churn;
 mod tenants;
 mod tls;
 

@@ -74,6 +74,7 @@ fn resident_kib(pid: u32) -> u64 {
 
 #[test]
 fn three_hundred_endpoints_over_time_keep_every_live_replica_indexed_and_routed() {
+    let _serial = crate::serial();
     let agent = |id: &str| AgentProcess::start(&["--model", "tiny-random", "--num-blocks", "256", "--agent-id", id]);
     let (holder, other) = (agent("holder"), agent("other"));
     let dir = tempfile::tempdir().unwrap();

@@ -132,6 +132,7 @@ fn slow_text(bytes: usize) -> String {
 
 #[test]
 fn a_four_mib_prompt_does_not_delay_a_small_request() {
+    let _serial = crate::serial();
     // One async worker: on it, tokenizing the large prompt inline would hold every other request.
     let setup = setup(&["--worker-threads", "1"]);
     let http = setup.gateway.http;
