@@ -31,6 +31,10 @@ if ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
     echo "vllm: installing python3-venv" >&2
     apt-get update -qq >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    if ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
+      echo "vllm: $python still has no venv module after installing python3-venv" >&2
+      exit 1
+    fi
   else
     echo "vllm: $python has no venv module: install python3-venv (e.g. sudo apt-get install python3-venv) and rerun" >&2
     exit 1
