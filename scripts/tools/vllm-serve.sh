@@ -8,12 +8,13 @@
 # Installs vLLM and converts the model on first use. Exit status 1 when it cannot be set up.
 #
 # Environment:
-#   KVROUTE_VLLM_CPUS      the cores the server's OpenMP threads are bound to, e.g. "0" or "0-1" (default:
-#                          every core); give two servers on one machine disjoint lists ("0" and "1").
+#   KVROUTE_VLLM_CPUS      the cores the server's OpenMP threads are bound to, one thread each, e.g. "0" or
+#                          "0-1" (default: every core it may run on); give two servers on one machine
+#                          disjoint lists ("0" and "1").
 #   VLLM_CPU_KVCACHE_SPACE the KV cache size in GiB (default 1: 182 blocks of 128 tokens for this model).
 #   VLLM_SERVER_DEV_MODE=1 adds vLLM's development endpoints, among them POST /reset_prefix_cache.
-# EXTRA VLLM ARGS go last and so override the flags below, e.g. `--num-gpu-blocks-override 8` (few blocks,
-# so evictions happen), `--max-num-seqs 1`, `--max-model-len 2048`.
+# EXTRA VLLM ARGS go last and so override the flags below, e.g. `--num-gpu-blocks-override 24
+# --max-model-len 2048` (24 blocks, so evictions happen; the blocks must hold max-model-len), `--max-num-seqs 2`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -30,7 +31,9 @@ venv=$(scripts/tools/vllm.sh) || { echo "vllm-serve: could not set up vLLM" >&2;
 model=$(scripts/tools/smollm2-hf.sh) || { echo "vllm-serve: could not make the model" >&2; exit 1; }
 
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
-export VLLM_CPU_OMP_THREADS_BIND="${KVROUTE_VLLM_CPUS:-0-$(($(nproc) - 1))}"
+# By default every core this process may run on (its affinity, as `taskset` sets it).
+cpus="${KVROUTE_VLLM_CPUS:-$("$venv/bin/python" -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0)))))')}"
+export VLLM_CPU_OMP_THREADS_BIND="$cpus"
 # No usage reports, no downloads: everything is local.
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
