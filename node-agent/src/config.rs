@@ -116,9 +116,51 @@ pub struct ServeArgs {
     /// PEM private key of `--tls-cert`.
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// The engine this agent serves: `builtin` (kvroute's own, on this process's CPU), or an engine server
+    /// beside it that the agent presents as an ordinary replica (`vllm`, `sglang`).
+    #[arg(long, value_enum, default_value_t = EngineKind::Builtin)]
+    pub engine: EngineKind,
+    /// Base URL of the engine server's HTTP API (with `--engine vllm|sglang`), e.g. http://127.0.0.1:8000.
+    #[arg(long)]
+    pub engine_url: Option<String>,
+    /// The engine's ZMQ KV-event publisher, e.g. tcp://127.0.0.1:5557.
+    #[arg(long)]
+    pub engine_kv_events: Option<String>,
+    /// The engine's ZMQ KV-event replay socket, e.g. tcp://127.0.0.1:5558: sequence gaps are repaired from
+    /// it (without it a gap clears this replica's index and it relearns).
+    #[arg(long)]
+    pub engine_kv_replay: Option<String>,
+    /// Directory of the served model in Hugging Face layout (`tokenizer.json`, `tokenizer_config.json`
+    /// with the chat template, `config.json`): the agent checks the engine tokenizes as this does.
+    #[arg(long)]
+    pub model_dir: Option<PathBuf>,
+    /// The model name the engine serves under (default: the only one its `/v1/models` lists).
+    #[arg(long)]
+    pub engine_model: Option<String>,
+    /// Seconds to wait at start for the engine to answer (it may still be loading its model).
+    #[arg(long, default_value_t = 600)]
+    pub engine_start_timeout_secs: u64,
     /// Parse and check the configuration, then exit.
     #[arg(long)]
     pub check_config: bool,
+}
+
+/// Which engine an agent serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineKind {
+    Builtin,
+    Vllm,
+    Sglang,
+}
+
+impl EngineKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Builtin => "builtin",
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+        }
+    }
 }
 
 fn parse_dtype(text: &str) -> Result<KvDtype, String> {
@@ -147,6 +189,32 @@ impl ServeArgs {
         }
         if self.redis_queue == 0 || self.redis_timeout_ms == 0 {
             return Err("--redis-queue and --redis-timeout-ms must be positive".into());
+        }
+        self.validate_engine()
+    }
+
+    fn validate_engine(&self) -> Result<(), String> {
+        let external = [
+            ("--engine-url", self.engine_url.is_some()),
+            ("--engine-kv-events", self.engine_kv_events.is_some()),
+            ("--model-dir", self.model_dir.is_some()),
+        ];
+        if self.engine == EngineKind::Builtin {
+            let replay = [("--engine-kv-replay", self.engine_kv_replay.is_some())];
+            return match external.iter().chain(&replay).filter(|(_, given)| *given).map(|(flag, _)| *flag).next() {
+                Some(flag) => Err(format!("{flag} needs --engine vllm or --engine sglang")),
+                None => Ok(()),
+            };
+        }
+        if let Some((flag, _)) = external.iter().find(|(_, given)| !given) {
+            return Err(format!("--engine {} needs {flag}", self.engine.name()));
+        }
+        let url = self.engine_url.as_deref().unwrap_or_default();
+        crate::external::http::Endpoint::parse(url).map_err(|error| format!("--engine-url: {error}"))?;
+        for (flag, value) in [("--engine-kv-events", &self.engine_kv_events), ("--engine-kv-replay", &self.engine_kv_replay)] {
+            if let Some(value) = value {
+                crate::engine_events::socket::tcp_address(value).map_err(|error| format!("{flag}: {error}"))?;
+            }
         }
         Ok(())
     }

@@ -1,4 +1,4 @@
-//! kvroute's node-agent: the paged KV-cache engine of one replica.
+//! kvroute's node-agent: the paged KV-cache engine of one replica, or the agent of an engine server beside it.
 //!
 //! Layout:
 //! - [`block_manager`]: which pool block holds what (ref counts, prefix cache, LRU eviction). Synchronous.
@@ -9,11 +9,15 @@
 //! - [`lru`]: the least-recently-used order the pool and the host tier evict by.
 //! - [`tiers`]: host RAM (G2) and the shared Redis tier (G3) below the pool.
 //! - [`capacity`]: the capacity calculator (`node-agent capacity`).
+//! - [`engine_events`]: an external engine's (vLLM, SGLang) ZeroMQ KV events, translated into kvroute's.
+//! - [`external`]: engine mode, the agent beside a vLLM or SGLang server that it presents as a replica.
 
 pub mod block_manager;
 pub mod capacity;
 pub mod config;
 pub mod engine;
+pub mod engine_events;
+pub mod external;
 pub mod lru;
 pub mod metrics;
 pub mod model;

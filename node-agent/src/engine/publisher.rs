@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use kvroute_proto::domain::{KvEvent, KvEventBatch, LoadStats};
+use kvroute_proto::domain::{KvEvent, KvEventBatch, LoadStats, Tier};
 use tokio::sync::mpsc as tokio_mpsc;
 
 use super::resident::ResidentView;
@@ -87,6 +87,9 @@ enum Notice {
     Subscribe(tokio_mpsc::Sender<KvEventBatch>),
     /// The agent drained: end every stream (after its snapshot, for a subscriber that comes later).
     Drained,
+    /// What the replica held is gone (its engine restarted): a new epoch, with nothing resident, and
+    /// every stream ends so its subscriber comes back for the new epoch's snapshot.
+    NewEpoch(u64),
     Shutdown,
 }
 
@@ -143,6 +146,11 @@ impl PublisherHandle {
         let _ = self.notices.send(Notice::Drained);
     }
 
+    /// Starts epoch `epoch` with nothing resident (see [`Notice::NewEpoch`]).
+    pub fn new_epoch(&self, epoch: u64) {
+        let _ = self.notices.send(Notice::NewEpoch(epoch));
+    }
+
     pub fn shutdown(&self) {
         let _ = self.notices.send(Notice::Shutdown);
     }
@@ -184,6 +192,12 @@ impl Publisher {
                     self.drained = true;
                     // Subscribers were told (`draining` in every batch since the drain began); ending their
                     // streams lets the server's graceful shutdown finish instead of waiting on them forever.
+                    self.subscribers.clear();
+                }
+                Ok(Notice::NewEpoch(epoch)) => {
+                    self.identity.epoch = epoch;
+                    let cleared = [KvEvent::Cleared { tier: Tier::Gpu }, KvEvent::Cleared { tier: Tier::Host }];
+                    self.resident.apply(&cleared, 0.0, 0.0);
                     self.subscribers.clear();
                 }
                 Ok(Notice::Shutdown) | Err(RecvTimeoutError::Disconnected) => return,

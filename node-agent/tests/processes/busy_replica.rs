@@ -139,7 +139,7 @@ impl GatedAgent {
                 let shutdown = async move {
                     let _ = stopped.await;
                 };
-                kvroute_node_agent::run::serve_agent(listener, served, handle, None, shutdown).await.unwrap();
+                kvroute_node_agent::run::serve_agent(listener, served, None, shutdown).await.unwrap();
             });
         });
         GatedAgent { addr, service, engine, gate, stop: Some(stop), thread: Some(thread) }

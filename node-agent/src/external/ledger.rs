@@ -1,0 +1,158 @@
+//! The agent's own account of the requests it sent to its engine, and the load it reports from it: which
+//! requests are open (exactly: the agent opened and closed each stream), how many prompt tokens wait for
+//! their first token, the engine's prefill rate and decode step time as measured on those streams, and the
+//! engine's own gauges (running against waiting, KV usage) read from its metrics. Synchronous; the caller
+//! passes every time in.
+
+use std::collections::HashMap;
+
+use kvroute_proto::domain::LoadStats;
+
+use super::engine_metrics::EngineGauges;
+use crate::engine::rates::StepRates;
+
+/// Requests the engine has and their measured speeds.
+#[derive(Debug)]
+pub struct Ledger {
+    next_request_id: u64,
+    open: HashMap<u64, Open>,
+    finished: Vec<u64>,
+    rates: StepRates,
+    gauges: EngineGauges,
+    /// kvroute blocks (of 16 tokens) the engine's KV cache holds.
+    kv_blocks_total: u64,
+}
+
+#[derive(Debug)]
+struct Open {
+    prompt_tokens: u32,
+    /// Seconds from sending to the first token, once it came.
+    first_token_after: Option<f64>,
+    /// When (seconds, the caller's clock) the latest token came.
+    last_token_at: Option<f64>,
+}
+
+impl Ledger {
+    /// Engine ids start at 1 (0 is "not acknowledged" on the wire).
+    pub fn new(kv_blocks_total: u64) -> Ledger {
+        Ledger {
+            next_request_id: 1,
+            open: HashMap::new(),
+            finished: Vec::new(),
+            rates: StepRates::default(),
+            gauges: EngineGauges::default(),
+            kv_blocks_total,
+        }
+    }
+
+    /// Opens a request; returns its id.
+    pub fn open(&mut self, prompt_tokens: u32) -> u64 {
+        let id = self.next_request_id;
+        self.next_request_id += 1;
+        self.open.insert(id, Open { prompt_tokens, first_token_after: None, last_token_at: None });
+        id
+    }
+
+    /// Tokens of request `id` arrived at `now` (seconds on the caller's clock), `since_sent` after it was
+    /// sent; `count` tokens came in this piece.
+    pub fn tokens(&mut self, id: u64, count: usize, now: f64, since_sent: f64) {
+        let Some(open) = self.open.get_mut(&id) else { return };
+        match open.last_token_at {
+            None => open.first_token_after = Some(since_sent),
+            Some(previous) if count > 0 => self.rates.record(0, 1, (now - previous) / count as f64),
+            Some(_) => {}
+        }
+        if count > 0 {
+            open.last_token_at = Some(now);
+        }
+    }
+
+    /// Closes request `id`; `cached_tokens` is what the engine reported (its prompt's uncached part over
+    /// the time to its first token is one sample of the prefill rate).
+    pub fn close(&mut self, id: u64, cached_tokens: Option<u32>) {
+        let Some(open) = self.open.remove(&id) else { return };
+        self.finished.push(id);
+        if let (Some(cached), Some(seconds)) = (cached_tokens, open.first_token_after) {
+            let computed = open.prompt_tokens.saturating_sub(cached) as usize;
+            self.rates.record(computed, 0, seconds);
+        }
+    }
+
+    pub fn set_gauges(&mut self, gauges: EngineGauges) {
+        self.gauges = gauges;
+    }
+
+    /// Ids closed since the last call.
+    pub fn take_finished(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.finished)
+    }
+
+    /// The id the next request gets: the load counts every earlier one still open.
+    pub fn next_request_id(&self) -> u64 {
+        self.next_request_id
+    }
+
+    pub fn open_requests(&self) -> usize {
+        self.open.len()
+    }
+
+    /// The load to report. Running and waiting add up to the open requests exactly; the engine's gauges
+    /// only say how they split.
+    pub fn load(&self, draining: bool) -> LoadStats {
+        let open = self.open.len() as u32;
+        let waiting = (self.gauges.waiting.unwrap_or(0.0).max(0.0) as u32).min(open);
+        let queued_prefill_tokens =
+            self.open.values().filter(|open| open.first_token_after.is_none()).map(|open| open.prompt_tokens as u64).sum();
+        let kv_blocks_used =
+            ((self.gauges.kv_usage.unwrap_or(0.0) * self.kv_blocks_total as f64).round() as u64).min(self.kv_blocks_total);
+        LoadStats {
+            waiting_requests: waiting,
+            running_requests: open - waiting,
+            queued_prefill_tokens,
+            kv_blocks_used,
+            kv_blocks_total: self.kv_blocks_total,
+            prefill_tokens_per_second: self.rates.prefill_tokens_per_second(),
+            decode_step_seconds: self.rates.decode_step_seconds(),
+            draining,
+            ..LoadStats::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_requests_are_the_load_until_closed_and_their_ids_are_reported_once() {
+        let mut ledger = Ledger::new(100);
+        let (a, b) = (ledger.open(300), ledger.open(50));
+        assert_eq!((a, b, ledger.next_request_id()), (1, 2, 3));
+        ledger.set_gauges(EngineGauges { waiting: Some(5.0), kv_usage: Some(0.5), ..EngineGauges::default() });
+        let load = ledger.load(false);
+        assert_eq!((load.running_requests, load.waiting_requests), (0, 2), "waiting never exceeds the open requests");
+        assert_eq!((load.queued_prefill_tokens, load.kv_blocks_used, load.kv_blocks_total), (350, 50, 100));
+        ledger.tokens(a, 1, 10.0, 0.5);
+        assert_eq!(ledger.load(false).queued_prefill_tokens, 50);
+        ledger.close(a, Some(100));
+        assert_eq!(ledger.take_finished(), [a]);
+        assert!(ledger.take_finished().is_empty());
+        assert_eq!(ledger.open_requests(), 1);
+        // 200 computed tokens in 0.5 s.
+        assert!((ledger.load(true).prefill_tokens_per_second - 400.0).abs() < 1e-9);
+        assert!(ledger.load(true).draining);
+    }
+
+    #[test]
+    fn decode_step_time_is_the_gap_between_tokens() {
+        let mut ledger = Ledger::new(0);
+        let id = ledger.open(10);
+        ledger.tokens(id, 1, 1.0, 0.1);
+        ledger.tokens(id, 1, 1.05, 0.15);
+        ledger.tokens(id, 1, 1.10, 0.2);
+        assert!((ledger.load(false).decode_step_seconds - 0.05).abs() < 1e-9);
+        ledger.close(id, None);
+        ledger.close(id, None);
+        assert_eq!(ledger.take_finished(), [id], "closing twice reports once");
+    }
+}
