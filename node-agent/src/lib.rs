@@ -9,11 +9,13 @@
 //! - [`lru`]: the least-recently-used order the pool and the host tier evict by.
 //! - [`tiers`]: host RAM (G2) and the shared Redis tier (G3) below the pool.
 //! - [`capacity`]: the capacity calculator (`node-agent capacity`).
+//! - [`engine_events`]: an external engine's (vLLM, SGLang) ZeroMQ KV events, translated into kvroute's.
 
 pub mod block_manager;
 pub mod capacity;
 pub mod config;
 pub mod engine;
+pub mod engine_events;
 pub mod lru;
 pub mod metrics;
 pub mod model;
