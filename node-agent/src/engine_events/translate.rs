@@ -17,7 +17,9 @@
 //! - **Set semantics.** A tier holds an engine key or not: storing a held key again (vLLM re-announces
 //!   prefix-cache hits, and caches duplicate blocks) changes nothing, and one removal removes it. When an
 //!   engine holds two copies of a block and evicts one, kvroute forgets a block the engine still has, a
-//!   miss at worst, never a block announced that is not there.
+//!   miss at worst, never a block announced that is not there. A kvroute block is held while any held
+//!   engine block covers it: two engine keys can cover the same 16 tokens (vLLM 0.32 announces 16-token
+//!   prefixes inside a larger engine block), and it is removed only when the last of them goes.
 //! - **Tiers.** `medium` "GPU" or none is [`Tier::Gpu`], "CPU" and "CPU_PINNED" are [`Tier::Host`],
 //!   anything else ("DISK", "STORAGE", "EXTERNAL", ...) [`Tier::Network`]. `AllBlocksCleared` without a
 //!   medium clears every tier; with one, that tier.
@@ -32,7 +34,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
-use kvroute_proto::block_hash::{BlockHash, ChainKey};
+use kvroute_proto::block_hash::{BlockHash, BlockHashMap, ChainKey};
 use kvroute_proto::domain::{KvEvent, Tier};
 use thiserror::Error;
 
@@ -146,6 +148,8 @@ pub struct Translator {
     config: TranslatorConfig,
     salts: SaltRegistry,
     blocks: HashMap<EngineKey, Entry>,
+    /// Per kvroute block, how many held engine blocks of each tier cover it.
+    held: BlockHashMap<[u32; 3]>,
     next_serial: u64,
     last_seq: Option<u64>,
     counters: Counters,
@@ -194,6 +198,7 @@ impl Translator {
             salts: SaltRegistry::new(config.max_salts),
             config,
             blocks: HashMap::new(),
+            held: BlockHashMap::default(),
             next_serial: 0,
             last_seq: None,
             counters: Counters::default(),
@@ -224,6 +229,7 @@ impl Translator {
     /// new one). Registered salts stay.
     pub fn reset(&mut self) {
         self.blocks.clear();
+        self.held.clear();
         self.last_seq = None;
     }
 
@@ -285,6 +291,7 @@ impl Translator {
             let bit = tier_bit(tier);
             let held = |entry: &Entry| entry.tiers & bit != 0 && entry.chain.is_some();
             let mut done: HashSet<&EngineKey> = HashSet::new();
+            let mut listed: HashSet<BlockHash> = HashSet::new();
             let mut hashes = Vec::new();
             let mut pending = Vec::new();
             for &(key, entry) in &order {
@@ -306,7 +313,7 @@ impl Translator {
                 }
                 for entry in pending.drain(..).rev() {
                     if let Some(chain) = &entry.chain {
-                        hashes.extend_from_slice(&chain.hashes);
+                        hashes.extend(chain.hashes.iter().filter(|hash| listed.insert(**hash)));
                     }
                 }
             }
@@ -354,7 +361,7 @@ impl Translator {
                 if entry.tiers & bit == 0 {
                     entry.tiers |= bit;
                     if let Some(chain) = &entry.chain {
-                        new_hashes.extend_from_slice(&chain.hashes);
+                        hold(&mut self.held, tier, &chain.hashes, &mut new_hashes);
                     }
                 }
                 parent = entry.chain.as_ref().map_or(Parent::Unindexed, |chain| Parent::Chain(chain.end));
@@ -402,7 +409,7 @@ impl Translator {
                 Chain { hashes, end }
             });
             if let Some(chain) = &chain {
-                new_hashes.extend_from_slice(&chain.hashes);
+                hold(&mut self.held, tier, &chain.hashes, &mut new_hashes);
             }
             parent = chain.as_ref().map_or(Parent::Unindexed, |chain| Parent::Chain(chain.end));
             let serial = self.next_serial;
@@ -463,7 +470,7 @@ impl Translator {
             }
             entry.tiers &= !bit;
             if let Some(chain) = &entry.chain {
-                gone.extend_from_slice(&chain.hashes);
+                release(&mut self.held, tier, &chain.hashes, &mut gone);
             }
             if entry.tiers == 0 {
                 self.blocks.remove(key);
@@ -476,6 +483,7 @@ impl Translator {
         match event.medium.as_deref() {
             None => {
                 self.blocks.clear();
+                self.held.clear();
                 out.extend(Tier::ALL.map(|tier| KvEvent::Cleared { tier }));
             }
             Some(medium) => {
@@ -484,6 +492,10 @@ impl Translator {
                 self.blocks.retain(|_, entry| {
                     entry.tiers &= !bit;
                     entry.tiers != 0
+                });
+                self.held.retain(|_, counts| {
+                    counts[tier.index()] = 0;
+                    counts.iter().any(|&count| count > 0)
                 });
                 out.push(KvEvent::Cleared { tier });
             }
@@ -502,6 +514,35 @@ pub fn tier_of(medium: Option<&str>) -> Tier {
 
 fn tier_bit(tier: Tier) -> u8 {
     1 << tier.index()
+}
+
+/// Counts `hashes` held once more in `tier`, appending those it newly holds to `new`.
+fn hold(held: &mut BlockHashMap<[u32; 3]>, tier: Tier, hashes: &[BlockHash], new: &mut Vec<BlockHash>) {
+    for hash in hashes {
+        let count = &mut held.entry(*hash).or_default()[tier.index()];
+        *count = count.saturating_add(1);
+        if *count == 1 {
+            new.push(*hash);
+        }
+    }
+}
+
+/// Counts `hashes` held once less in `tier`, appending those it no longer holds to `gone`.
+fn release(held: &mut BlockHashMap<[u32; 3]>, tier: Tier, hashes: &[BlockHash], gone: &mut Vec<BlockHash>) {
+    for hash in hashes {
+        let Some(counts) = held.get_mut(hash) else { continue };
+        let count = &mut counts[tier.index()];
+        if *count == 0 {
+            continue;
+        }
+        *count -= 1;
+        if *count == 0 {
+            gone.push(*hash);
+            if counts.iter().all(|&count| count == 0) {
+                held.remove(hash);
+            }
+        }
+    }
 }
 
 /// Appends hashes to `out`, into its last event when that is the same kind in the same tier.
@@ -626,6 +667,16 @@ mod tests {
         apply(&mut translator, vec![stored(&[1], None, prompt[..32].to_vec(), 32)]);
         let out = apply(&mut translator, vec![stored(&[2], Some(1), prompt[32..48].to_vec(), 16)]);
         assert_eq!(out, vec![gpu_stored(vec![expected[2]])]);
+        // The whole engine block over the same tokens: only its second half is new to kvroute.
+        let prompt = tokens(0..64);
+        let expected = hashes(b"", &prompt);
+        let out = apply(&mut translator, vec![stored(&[3], Some(1), prompt[32..64].to_vec(), 32)]);
+        assert_eq!(out, vec![gpu_stored(vec![expected[3]])]);
+        // A kvroute block goes when the last engine block covering it does.
+        assert_eq!(apply(&mut translator, vec![removed(&[2], None)]), vec![]);
+        let out = apply(&mut translator, vec![removed(&[3], None)]);
+        assert_eq!(out, vec![KvEvent::Removed { tier: Tier::Gpu, hashes: expected[2..4].to_vec() }]);
+        assert_eq!(translator.snapshot(), vec![gpu_stored(expected[..2].to_vec())]);
     }
 
     #[test]
@@ -885,7 +936,7 @@ mod tests {
     /// The engine side of the property test: blocks keyed as an engine keys them (by parent and tokens).
     #[derive(Clone, Debug)]
     enum Op {
-        Store { parent: usize, len: usize, seed: u32, tier: usize, salt: bool },
+        Store { parent: usize, len: usize, seed: u32, tier: usize, salt: bool, wide: bool },
         Copy { block: usize, tier: usize },
         Remove { block: usize, tier: usize },
         Clear,
@@ -893,8 +944,8 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            6 => (0usize..8, 1usize..4, 0u32..3, 0usize..3, any::<bool>())
-                .prop_map(|(parent, len, seed, tier, salt)| Op::Store { parent, len, seed, tier, salt }),
+            6 => (0usize..8, 1usize..4, 0u32..3, 0usize..3, any::<bool>(), any::<bool>())
+                .prop_map(|(parent, len, seed, tier, salt, wide)| Op::Store { parent, len, seed, tier, salt, wide }),
             2 => (0usize..16, 0usize..3).prop_map(|(block, tier)| Op::Copy { block, tier }),
             3 => (0usize..16, 0usize..3).prop_map(|(block, tier)| Op::Remove { block, tier }),
             1 => Just(Op::Clear),
@@ -915,21 +966,24 @@ mod tests {
             let mut named: HashMap<BlockHash, ()> = HashMap::new();
             for op in ops {
                 let event = match op {
-                    Op::Store { parent, len, seed, tier, salt: salted } => {
+                    Op::Store { parent, len, seed, tier, salt: salted, wide } => {
+                        // Engine blocks of 16 or 32 tokens, whose keys differ even over the same tokens.
+                        let size: u32 = if wide { 32 } else { 16 };
                         let parent = blocks.get(parent).cloned().filter(|_| !salted);
                         let mut prefix = parent.as_ref().map(|(_, prefix, _)| prefix.clone()).unwrap_or_default();
                         let scope: &[u8] = match &parent { Some((_, _, scope)) => scope, None if salted => b"s", None => b"" };
                         let start = prefix.len();
                         let mut keys = Vec::new();
-                        for block in 0..len {
-                            prefix.extend((0..16).map(|i| seed * 1000 + (start / 16 + block) as u32 * 16 + i));
-                            let key = blake3::hash(&prefix.iter().flat_map(|t| t.to_le_bytes()).chain(scope.iter().copied()).collect::<Vec<_>>());
+                        for _ in 0..len {
+                            let at = prefix.len() as u32;
+                            prefix.extend((at..at + size).map(|position| seed * 1000 + position));
+                            let key = blake3::hash(&prefix.iter().flat_map(|t| t.to_le_bytes()).chain(scope.iter().copied()).chain([size as u8]).collect::<Vec<_>>());
                             let key = u64::from_le_bytes(key.as_bytes()[..8].try_into().unwrap());
                             keys.push(key);
                             blocks.push((key, prefix.clone(), scope));
                         }
                         for hash in hashes(scope, &prefix) { named.insert(hash, ()); }
-                        with(stored(&keys, parent.map(|(key, _, _)| key), prefix[start..].to_vec(), 16), |stored| {
+                        with(stored(&keys, parent.map(|(key, _, _)| key), prefix[start..].to_vec(), size), |stored| {
                             stored.medium = Some(MEDIA[tier].into());
                             if salted { stored.extra_keys = Some(std::iter::once(Some(vec![ExtraKey::Text(salt.clone())])).chain(std::iter::repeat_n(None, len - 1)).collect()); }
                         })
