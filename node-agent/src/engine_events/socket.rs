@@ -117,6 +117,11 @@ impl ZmtpSocket {
         self.codec.peer_socket_type()
     }
 
+    /// PINGs (heartbeats) of the peer answered so far.
+    pub fn pings_answered(&self) -> u64 {
+        self.codec.pings_answered()
+    }
+
     /// Subscribes (a SUB) to messages whose first frame starts with `topic`; empty: everything.
     pub fn subscribe(&mut self, topic: &[u8]) -> Result<(), SocketError> {
         self.codec.subscribe(topic);

@@ -115,6 +115,7 @@ pub struct Codec {
     messages: VecDeque<Message>,
     peer_version: Option<(u8, u8)>,
     peer_socket_type: Option<String>,
+    pings: u64,
 }
 
 /// Our greeting: ZMTP 3.0, NULL, not as-server.
@@ -145,6 +146,7 @@ impl Codec {
             messages: VecDeque::new(),
             peer_version: None,
             peer_socket_type: None,
+            pings: 0,
         }
     }
 
@@ -166,6 +168,11 @@ impl Codec {
     /// The peer's `Socket-Type`, once its READY arrived.
     pub fn peer_socket_type(&self) -> Option<&str> {
         self.peer_socket_type.as_deref()
+    }
+
+    /// PINGs (ZMTP 3.1 heartbeats) answered so far.
+    pub fn pings_answered(&self) -> u64 {
+        self.pings
     }
 
     /// Bytes to write to the peer (taken: each byte is returned once).
@@ -327,6 +334,7 @@ impl Codec {
                 pong.extend_from_slice(b"PONG");
                 pong.extend_from_slice(context);
                 write_frame(&mut self.output, COMMAND, &[&pong]);
+                self.pings += 1;
                 Ok(())
             }
             // PONG, SUBSCRIBE, CANCEL, a repeated READY, commands of later versions: nothing to do.
@@ -501,6 +509,7 @@ mod tests {
         let mut codec = ready_sub();
         codec.feed(&command(b"PING", &[0, 10, b'c', b't', b'x'])).unwrap();
         assert_eq!(codec.take_output(), command(b"PONG", b"ctx"));
+        assert_eq!(codec.pings_answered(), 1);
         codec.feed(&command(b"PONG", b"x")).unwrap();
         codec.feed(&command(b"SUBSCRIBE", b"t")).unwrap();
         codec.feed(&command(b"FUTURE", b"")).unwrap();
