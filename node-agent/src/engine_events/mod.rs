@@ -18,6 +18,9 @@ pub mod socket;
 pub mod translate;
 pub mod zmtp;
 
+#[cfg(test)]
+mod vllm_captures;
+
 pub use decode::{DecodeError, EngineBatch, EngineEvent, EngineKey, decode_batch};
 pub use salt::{one_off_salt, salt_for_scope};
 pub use translate::{Counters, Source, Step, Translator, TranslatorConfig};

@@ -64,10 +64,18 @@ impl SaltRegistry {
     /// the global scope.
     pub fn register(&mut self, scope: &[u8]) -> Option<String> {
         let salt = salt_for_scope(scope)?;
+        self.insert(&salt, scope);
+        Some(salt)
+    }
+
+    /// Registers a salt that [`salt_for_scope`] did not make (a fixed salt some deployment already uses,
+    /// a test's) as `scope`'s.
+    pub fn insert(&mut self, salt: &str, scope: &[u8]) {
+        let salt = salt.to_string();
         let stamp = self.next_stamp;
         self.next_stamp += 1;
         self.scopes.insert(salt.clone(), (scope.to_vec(), stamp));
-        self.order.push_back((salt.clone(), stamp));
+        self.order.push_back((salt, stamp));
         while self.scopes.len() > self.capacity {
             let Some((oldest, oldest_stamp)) = self.order.pop_front() else { break };
             if self.scopes.get(&oldest).is_some_and(|(_, current)| *current == oldest_stamp) {
@@ -77,7 +85,6 @@ impl SaltRegistry {
         if self.order.len() > 2 * self.capacity {
             self.order.retain(|(salt, stamp)| self.scopes.get(salt).is_some_and(|(_, current)| current == stamp));
         }
-        Some(salt)
     }
 
     /// The scope `salt` was registered for.
@@ -148,5 +155,8 @@ mod tests {
         }
         assert!(registry.order.len() <= 4, "stale order entries are compacted");
         assert_eq!(registry.scope(&c), Some(&b"c"[..]));
+        registry.insert("tenant-a", b"t:a");
+        assert_eq!(registry.scope("tenant-a"), Some(&b"t:a"[..]));
+        assert_eq!(registry.len(), 2);
     }
 }

@@ -211,6 +211,12 @@ impl Translator {
         self.salts.register(scope)
     }
 
+    /// Registers `salt` as `scope`'s for a salt [`salt_for_scope`](super::salt::salt_for_scope) did not
+    /// make.
+    pub fn register_salt(&mut self, salt: &str, scope: &[u8]) {
+        self.salts.insert(salt, scope);
+    }
+
     pub fn counters(&self) -> Counters {
         self.counters
     }
