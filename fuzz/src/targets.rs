@@ -605,5 +605,24 @@ fn engine_events_seeds() -> Vec<Vec<u8>> {
     replay.extend(zmtp::message_bytes(&[b"", b"kv", &0u64.to_be_bytes(), ENGINE_FIXTURES[3]]));
     replay.extend(zmtp::message_bytes(&[b"", b"", &frames::END_SEQ, b""]));
     seeds.push(replay);
+    // Payloads a real vLLM 0.32 server published (the fixture files' frames: a 4-byte length, then the bytes).
+    for capture in VLLM_CAPTURES {
+        let mut frames = Vec::new();
+        let mut rest = capture;
+        while let Some((len, tail)) = rest.split_first_chunk::<4>() {
+            let len = (u32::from_be_bytes(*len) as usize).min(tail.len());
+            frames.push(&tail[..len]);
+            rest = &tail[len..];
+        }
+        if let Some(payload) = frames.last() {
+            seeds.push(payload.to_vec());
+        }
+    }
     seeds
 }
+
+const VLLM_CAPTURES: [&[u8]; 3] = [
+    include_bytes!("../../node-agent/tests/fixtures/vllm/events/01-stored-fresh.zmq"),
+    include_bytes!("../../node-agent/tests/fixtures/vllm/events/02-stored-with-parent.zmq"),
+    include_bytes!("../../node-agent/tests/fixtures/vllm/events/08-cleared.zmq"),
+];
