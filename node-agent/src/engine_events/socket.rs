@@ -170,3 +170,87 @@ impl ZmtpSocket {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use super::super::zmtp::{message_bytes, peer_handshake};
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(tcp_address("tcp://127.0.0.1:5557").unwrap(), "127.0.0.1:5557");
+        assert_eq!(tcp_address("tcp://*:5557").unwrap(), "127.0.0.1:5557");
+        assert_eq!(tcp_address("tcp://0.0.0.0:1").unwrap(), "127.0.0.1:1");
+        assert_eq!(tcp_address("tcp://[::]:5557").unwrap(), "[::1]:5557");
+        assert_eq!(tcp_address("tcp://engine-0.local:5557").unwrap(), "engine-0.local:5557");
+        for bad in ["ipc:///tmp/x", "tcp://host", "tcp://:5557", "tcp://h:port", "tcp://h:70000"] {
+            assert!(matches!(tcp_address(bad), Err(SocketError::Endpoint(_))), "{bad}");
+        }
+    }
+
+    /// A peer on a loopback port that greets as a PUB, reads our greeting, READY and subscription, then
+    /// sends `after` and closes.
+    fn peer(after: Vec<u8>) -> (String, std::thread::JoinHandle<Vec<u8>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let thread = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            stream.write_all(&peer_handshake((3, 1), "PUB")).unwrap();
+            // Greeting (64), READY (2 + 25), the subscription [1, b'k'] (2 + 2).
+            let mut received = vec![0; 64 + 27 + 4];
+            stream.read_exact(&mut received).unwrap();
+            stream.write_all(&after).unwrap();
+            received
+        });
+        (address, thread)
+    }
+
+    #[test]
+    fn connects_receives_times_out_and_sees_the_close() {
+        let (address, peer) = peer(message_bytes(&[b"k", &1u64.to_be_bytes(), b"payload"]));
+        let options = SocketOptions { read_timeout: Duration::from_millis(50), ..SocketOptions::default() };
+        let mut socket = ZmtpSocket::connect(&address, SocketType::Sub, options).unwrap();
+        assert_eq!(socket.peer_socket_type(), Some("PUB"));
+        socket.subscribe(b"k").unwrap();
+        let received = peer.join().unwrap();
+        assert_eq!(&received[..10], &[0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f]);
+        assert_eq!(&received[received.len() - 4..], &[0, 2, 1, b'k']);
+        let message = socket.recv().unwrap().unwrap();
+        assert_eq!(message[2], b"payload");
+        // The peer closed: the next read says so (or times out first, then says so).
+        let error = loop {
+            match socket.recv() {
+                Ok(None) => continue,
+                Ok(Some(message)) => panic!("unexpected {message:?}"),
+                Err(error) => break error,
+            }
+        };
+        assert!(matches!(error, SocketError::Closed | SocketError::Io(_)), "{error}");
+    }
+
+    #[test]
+    fn a_peer_that_never_greets_times_out() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let options = SocketOptions { connect_timeout: Duration::from_millis(200), ..SocketOptions::default() };
+        let error = ZmtpSocket::connect(&address, SocketType::Dealer, options).unwrap_err();
+        assert!(matches!(error, SocketError::HandshakeTimeout(_)), "{error}");
+        drop(listener);
+    }
+
+    #[test]
+    fn a_peer_that_is_no_zmtp_peer_is_an_error() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let thread = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            stream.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").unwrap();
+        });
+        let error = ZmtpSocket::connect(&address, SocketType::Sub, SocketOptions::default()).unwrap_err();
+        assert!(matches!(error, SocketError::Protocol(ZmtpError::Signature)), "{error}");
+        thread.join().unwrap();
+    }
+}
