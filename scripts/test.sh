@@ -28,6 +28,9 @@ scripts/fetch-model.sh
 echo "== the official OpenAI Python client, for the compatibility test"
 KVROUTE_OPENAI_PYTHON=$(scripts/openai-python.sh)
 export KVROUTE_OPENAI_PYTHON
+echo "== pyzmq (libzmq), for the node-agent's ZMTP test against real ZeroMQ"
+KVROUTE_PYZMQ_PYTHON=$(scripts/pyzmq-python.sh)
+export KVROUTE_PYZMQ_PYTHON
 
 started=$SECONDS
 took() { echo "   ($1 took $((SECONDS - started)) s)"; started=$SECONDS; }

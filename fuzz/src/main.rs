@@ -11,7 +11,8 @@ use kvroute_fuzz::{Budget, RunConfig, crash_name, fuzz, read_inputs, regressions
 #[derive(Debug, Parser)]
 #[command(name = "kvroute-fuzz", about = "Fuzz kvroute's parsers of outside bytes for a bounded time.")]
 struct Args {
-    /// Targets to run (`all`, or names: request_json, wire_messages, event_stream, block_record, redis_reply, gguf).
+    /// Targets to run (`all`, or names: request_json, wire_messages, event_stream, block_record, redis_reply, gguf,
+    /// engine_events).
     #[arg(default_value = "all")]
     targets: Vec<String>,
     /// Seconds per target.

@@ -3,6 +3,7 @@
 //! returns a short label of the outcome (the fuzzer keeps inputs whose label it
 //! has not seen, a cheap stand-in for coverage). A panic is a finding.
 
+use std::collections::{BTreeSet, HashSet};
 use std::fmt::Debug;
 use std::sync::{Arc, OnceLock};
 
@@ -13,6 +14,9 @@ use kvroute_gateway::routing::{IndexConfig, PrefixIndex, ReplicaId};
 use kvroute_gateway::tenants::Tenant;
 use kvroute_gateway::tokenizer::Tokenizer;
 use kvroute_gateway::upstream::subscription::StreamCheck;
+use kvroute_node_agent::engine_events::frames::{self, ReplayReply};
+use kvroute_node_agent::engine_events::zmtp::{self, Codec, Limits, SocketType};
+use kvroute_node_agent::engine_events::{EngineEvent, Source, Step, Translator, TranslatorConfig, decode_batch};
 use kvroute_node_agent::tiers::resp::parse_reply;
 use kvroute_proto::block_record::{self, Expected, ModelFingerprint};
 use kvroute_proto::domain::{AgentGenerateRequest, AgentInfo, KvDtype, KvEvent, KvEventBatch, KvGeometry, LoadStats};
@@ -45,6 +49,7 @@ pub fn all() -> Vec<Target> {
         Target { name: "block_record", run: block_record, seeds: block_record_seeds, dictionary: &["KVRB"] },
         Target { name: "redis_reply", run: redis_reply, seeds: redis_reply_seeds, dictionary: RESP_WORDS },
         Target { name: "gguf", run: gguf, seeds: gguf_seeds, dictionary: &["GGUF", "tokenizer.ggml.tokens"] },
+        Target { name: "engine_events", run: engine_events, seeds: engine_events_seeds, dictionary: ENGINE_WORDS },
     ]
 }
 
@@ -458,3 +463,166 @@ fn gguf_seeds() -> Vec<Vec<u8>> {
     string(&mut out, "b");
     vec![out]
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// engine_events: bytes from an engine's ZeroMQ sockets. The same input goes to the ZMTP codec (as a PUB's
+// stream, cut into chunks whose size the first byte picks; each whole message read as a published batch
+// and as a replay answer, its payload decoded and translated) and, whole, to the payload decoder and a
+// translator. What the translator emits, applied to sets, must equal its snapshot.
+
+const ENGINE_WORDS: &[&str] = &[
+    "BlockStored",
+    "BlockRemoved",
+    "AllBlocksCleared",
+    "type",
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_name",
+    "medium",
+    "extra_keys",
+    "cache_salt",
+    "metadata",
+    "group_idx",
+    "GPU",
+    "CPU_PINNED",
+    "NULL",
+    "READY",
+    "Socket-Type",
+    "PUB",
+    "PING",
+];
+
+const ENGINE_FIXTURES: [&[u8]; 5] = [
+    include_bytes!("../../node-agent/tests/fixtures/engine_events/vllm_0_32_stored.msgpack"),
+    include_bytes!("../../node-agent/tests/fixtures/engine_events/vllm_0_32_mixed.msgpack"),
+    include_bytes!("../../node-agent/tests/fixtures/engine_events/vllm_positional.msgpack"),
+    include_bytes!("../../node-agent/tests/fixtures/engine_events/sglang_positional.msgpack"),
+    include_bytes!("../../node-agent/tests/fixtures/engine_events/sglang_map.msgpack"),
+];
+
+fn engine_translator() -> Translator {
+    let mut translator = Translator::new(TranslatorConfig::new("fuzz", 16)).expect("a valid configuration");
+    // The scope of the fixtures' salt.
+    translator.register_scope(b"t:acme");
+    translator
+}
+
+/// Applies `payload` as batch `seq`, checking the emitted events against the translator's snapshot.
+fn translate(translator: &mut Translator, shadow: &mut [HashSet<BlockHash>; 3], seq: u64, payload: &[u8]) -> String {
+    let batch = match decode_batch(payload) {
+        Ok(batch) => batch,
+        Err(error) => return label("payload", &error.to_string()),
+    };
+    let events = match translator.apply(seq, &batch, Source::Live) {
+        Step::Events(events) => events,
+        Step::Gap { .. } => return "payload gap".into(),
+        Step::Duplicate => return "payload duplicate".into(),
+        Step::Restart => return "payload restart".into(),
+    };
+    for event in events {
+        match event {
+            KvEvent::Stored { tier, hashes } => shadow[tier.index()].extend(hashes),
+            KvEvent::Removed { tier, hashes } => hashes.iter().for_each(|hash| {
+                shadow[tier.index()].remove(hash);
+            }),
+            KvEvent::Cleared { tier } => shadow[tier.index()].clear(),
+        }
+    }
+    let mut snapshot: [HashSet<BlockHash>; 3] = Default::default();
+    for event in translator.snapshot() {
+        let KvEvent::Stored { tier, hashes } = event else { panic!("a snapshot only stores") };
+        for hash in hashes {
+            assert!(snapshot[tier.index()].insert(hash), "a snapshot lists a block twice");
+        }
+    }
+    assert_eq!(&snapshot, shadow, "the events and the snapshot disagree");
+    "payload ok".into()
+}
+
+fn engine_events(data: &[u8]) -> String {
+    // The ZMTP path.
+    let chunk = usize::from(data.first().copied().unwrap_or(0) % 64) + 1;
+    let limits = Limits { max_message_bytes: 1 << 16, max_frames: 8, max_command_bytes: 1 << 10 };
+    let mut codec = Codec::new(SocketType::Sub, limits);
+    let mut translator = engine_translator();
+    let mut shadow: [HashSet<BlockHash>; 3] = Default::default();
+    let mut stream = "zmtp ok".to_string();
+    let mut payloads = BTreeSet::new();
+    for piece in data.get(1..).unwrap_or_default().chunks(chunk) {
+        if let Err(error) = codec.feed(piece) {
+            stream = label("zmtp", &error.to_string());
+            break;
+        }
+        while let Some(message) = codec.next_message() {
+            assert!(message.len() <= limits.max_frames, "a message over the frame limit");
+            let bytes: usize = message.iter().map(Vec::len).sum();
+            assert!(bytes <= limits.max_message_bytes, "a message over the size limit");
+            if let Ok(ReplayReply::Batch(published)) = frames::replay_reply(&message) {
+                assert!(published.seq != u64::MAX, "the end marker is no batch");
+            }
+            if let Ok(published) = frames::published(&message) {
+                payloads.insert(translate(&mut translator, &mut shadow, published.seq, published.payload));
+            }
+        }
+    }
+    if stream == "zmtp ok" && !codec.is_ready() {
+        stream = "zmtp handshaking".into();
+    }
+    // The payload path: the input twice, the second time as the next batch (storing again changes nothing).
+    let mut translator = engine_translator();
+    let mut shadow: [HashSet<BlockHash>; 3] = Default::default();
+    let first = translate(&mut translator, &mut shadow, 0, data);
+    let held = shadow.clone();
+    let again = translate(&mut translator, &mut shadow, 1, data);
+    if first == "payload ok" {
+        assert_eq!(again, "payload ok", "a batch that applied once applies again");
+        // Storing what is held changes nothing.
+        let only_stores = decode_batch(data)
+            .is_ok_and(|batch| batch.events.iter().all(|event| matches!(event, EngineEvent::Stored(_))));
+        if only_stores {
+            assert_eq!(shadow, held, "a batch of stores applied twice holds more than once");
+        }
+    }
+    let payloads: Vec<String> = payloads.into_iter().take(2).collect();
+    format!("{stream} [{}] | {first}", payloads.join(", "))
+}
+
+fn engine_events_seeds() -> Vec<Vec<u8>> {
+    let mut seeds: Vec<Vec<u8>> = ENGINE_FIXTURES.iter().map(|payload| payload.to_vec()).collect();
+    // A PUB's stream: greeting and READY, a PING, then published batches (after the chunk-size byte).
+    let mut stream = vec![7];
+    stream.extend(zmtp::peer_handshake((3, 1), "PUB"));
+    stream.extend([0x04, 0x07, 0x04, b'P', b'I', b'N', b'G', 0x00, 0x0a]);
+    for (seq, payload) in ENGINE_FIXTURES[..2].iter().enumerate() {
+        stream.extend(zmtp::message_bytes(&[b"kv", &(seq as u64).to_be_bytes(), payload]));
+    }
+    seeds.push(stream);
+    // A ROUTER's replay answers, as a DEALER reads them.
+    let mut replay = vec![0];
+    replay.extend(zmtp::peer_handshake((3, 0), "PUB"));
+    replay.extend(zmtp::message_bytes(&[b"", b"kv", &0u64.to_be_bytes(), ENGINE_FIXTURES[3]]));
+    replay.extend(zmtp::message_bytes(&[b"", b"", &frames::END_SEQ, b""]));
+    seeds.push(replay);
+    // Payloads a real vLLM 0.32 server published (the fixture files' frames: a 4-byte length, then the bytes).
+    for capture in VLLM_CAPTURES {
+        let mut frames = Vec::new();
+        let mut rest = capture;
+        while let Some((len, tail)) = rest.split_first_chunk::<4>() {
+            let len = (u32::from_be_bytes(*len) as usize).min(tail.len());
+            frames.push(&tail[..len]);
+            rest = &tail[len..];
+        }
+        if let Some(payload) = frames.last() {
+            seeds.push(payload.to_vec());
+        }
+    }
+    seeds
+}
+
+const VLLM_CAPTURES: [&[u8]; 3] = [
+    include_bytes!("../../node-agent/tests/fixtures/vllm/events/01-stored-fresh.zmq"),
+    include_bytes!("../../node-agent/tests/fixtures/vllm/events/02-stored-with-parent.zmq"),
+    include_bytes!("../../node-agent/tests/fixtures/vllm/events/08-cleared.zmq"),
+];

@@ -4,6 +4,7 @@
 //! `server_grpc::...`, ...).
 
 mod busy_replica;
+mod engine_events_zmq;
 mod prefetch_budget;
 mod server_grpc;
 mod tiers_redis;
