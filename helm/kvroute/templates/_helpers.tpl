@@ -37,6 +37,8 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "kvroute.tokenizer" -}}
 {{- if ne .Values.gateway.tokenizer "auto" -}}
 {{- .Values.gateway.tokenizer -}}
+{{- else if eq (include "kvroute.vllm" .) "true" -}}
+{{- include "kvroute.modelDir" . }}/tokenizer.json
 {{- else if eq .Values.model.path "tiny-random" -}}
 builtin
 {{- else -}}
@@ -44,8 +46,80 @@ builtin
 {{- end -}}
 {{- end -}}
 
+{{/* The builtin engine serves a model file (model.path), unless it is tiny-random. */}}
 {{- define "kvroute.modelFile" -}}
 {{- ne .Values.model.path "tiny-random" -}}
+{{- end -}}
+
+{{/* "true" when the node-agents run beside vLLM (nodeAgent.engine=vllm) instead of computing themselves. */}}
+{{- define "kvroute.vllm" -}}
+{{- eq (.Values.nodeAgent.engine | default "builtin") "vllm" -}}
+{{- end -}}
+
+{{/* vLLM mode: "true" when nodeAgent.vllm.model is a Hugging Face id (fetched), not a directory under /models. */}}
+{{- define "kvroute.vllmModelFromHub" -}}
+{{- not (hasPrefix "/" .Values.nodeAgent.vllm.model) -}}
+{{- end -}}
+
+{{/* vLLM mode: the model's directory in Hugging Face layout, as the agents, vLLM and the gateways see it. */}}
+{{- define "kvroute.modelDir" -}}
+{{- if eq (include "kvroute.vllmModelFromHub" .) "true" -}}
+{{- printf "/models/%s" .Values.nodeAgent.vllm.model -}}
+{{- else -}}
+{{- .Values.nodeAgent.vllm.model | trimSuffix "/" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* vLLM mode: the name vLLM serves the model under (and the agents ask it for). */}}
+{{- define "kvroute.servedModelName" -}}
+{{- if .Values.nodeAgent.vllm.servedModelName -}}
+{{- .Values.nodeAgent.vllm.servedModelName -}}
+{{- else if eq (include "kvroute.vllmModelFromHub" .) "true" -}}
+{{- .Values.nodeAgent.vllm.model -}}
+{{- else -}}
+{{- base (include "kvroute.modelDir" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* vLLM mode: the --kv-events-config of vLLM (ZMQ publisher and replay socket; vLLM binds wildcard endpoints). */}}
+{{- define "kvroute.vllmKvEventsConfig" -}}
+{{- $vllm := .Values.nodeAgent.vllm -}}
+{{- dict "enable_kv_cache_events" true "publisher" "zmq" "endpoint" (printf "tcp://*:%d" (int $vllm.kvEventsPort)) "replay_endpoint" (printf "tcp://*:%d" (int $vllm.kvReplayPort)) "topic" "" | toJson -}}
+{{- end -}}
+
+{{/* vLLM mode: a probe of vLLM's GET /health from inside its container. */}}
+{{- define "kvroute.vllmHealthProbe" -}}
+exec:
+  command: [python3, -c, "import urllib.request; urllib.request.urlopen('http://127.0.0.1:{{ .Values.nodeAgent.vllm.port }}/health', timeout=4)"]
+timeoutSeconds: 5
+{{- end -}}
+
+{{/* "true" when the pods mount a model volume at /models. */}}
+{{- define "kvroute.modelVolume" -}}
+{{- or (eq (include "kvroute.vllm" .) "true") (eq (include "kvroute.modelFile" .) "true") -}}
+{{- end -}}
+
+{{/* "true" when an init container fetches the model into /models. */}}
+{{- define "kvroute.modelFetch" -}}
+{{- if eq (include "kvroute.vllm" .) "true" -}}
+{{- and .Values.model.download.enabled (eq (include "kvroute.vllmModelFromHub" .) "true") -}}
+{{- else -}}
+{{- and .Values.model.download.enabled (eq (include "kvroute.modelFile" .) "true") -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the fetch script's ConfigMap is rendered and mounted (builtin: whenever there is a model file). */}}
+{{- define "kvroute.fetchScript" -}}
+{{- if eq (include "kvroute.vllm" .) "true" -}}
+{{- include "kvroute.modelFetch" . -}}
+{{- else -}}
+{{- include "kvroute.modelFile" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the chart deploys its own Redis (redis.enabled): only agents of the builtin engine have a Redis tier. */}}
+{{- define "kvroute.bundledRedis" -}}
+{{- and (ne (include "kvroute.vllm" .) "true") .Values.redis.enabled -}}
 {{- end -}}
 
 {{/* Pod-level security context of the kvroute pods (the images' user is 10001). */}}
@@ -65,9 +139,13 @@ capabilities:
   drop: [ALL]
 {{- end -}}
 
-{{/* The init container that puts the model file into /models (when the model is a file to download). */}}
+{{/* The init container that puts the model into /models (when it is to be fetched):
+     include "kvroute.modelInit" (list . FILES). FILES, for a Hugging Face model: `all` (an agent pod, for vLLM)
+     or `tokenizer` (a gateway pod: the tokenizer and config files only). */}}
 {{- define "kvroute.modelInit" -}}
-{{- if and (eq (include "kvroute.modelFile" .) "true") .Values.model.download.enabled }}
+{{- $root := index . 0 -}}
+{{- with $root -}}
+{{- if eq (include "kvroute.modelFetch" .) "true" }}
 - name: fetch-model
   image: {{ .Values.model.download.image }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
@@ -75,6 +153,15 @@ capabilities:
   env:
     - name: HOME
       value: /tmp
+    {{- if eq (include "kvroute.vllm" .) "true" }}
+    - name: MODEL_FILES
+      value: {{ index $ 1 }}
+    {{- with .Values.model.download.hfTokenSecret }}
+    - name: HF_TOKEN
+      valueFrom:
+        secretKeyRef: {name: {{ . | quote }}, key: {{ $root.Values.model.download.hfTokenSecretKey | quote }}}
+    {{- end }}
+    {{- end }}
   envFrom:
     - configMapRef:
         name: {{ include "kvroute.fullname" . }}-config
@@ -88,22 +175,25 @@ capabilities:
     - {name: tmp, mountPath: /tmp}
     - {name: fetch-model, mountPath: /etc/kvroute}
 {{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* Volumes every kvroute pod has: /tmp, the model and its fetch script. */}}
 {{- define "kvroute.volumes" -}}
 - name: tmp
   emptyDir: {}
-{{- if eq (include "kvroute.modelFile" .) "true" }}
+{{- if eq (include "kvroute.modelVolume" .) "true" }}
 - name: models
   {{- if .Values.model.existingClaim }}
   persistentVolumeClaim:
     claimName: {{ .Values.model.existingClaim }}
-    readOnly: {{ not .Values.model.download.enabled }}
+    readOnly: {{ ne (include "kvroute.modelFetch" .) "true" }}
   {{- else }}
   emptyDir:
     sizeLimit: {{ .Values.model.emptyDirSizeLimit }}
   {{- end }}
+{{- end }}
+{{- if eq (include "kvroute.fetchScript" .) "true" }}
 - name: fetch-model
   configMap:
     name: {{ include "kvroute.fullname" . }}-fetch-model
@@ -113,7 +203,7 @@ capabilities:
 
 {{- define "kvroute.volumeMounts" -}}
 - {name: tmp, mountPath: /tmp}
-{{- if eq (include "kvroute.modelFile" .) "true" }}
+{{- if eq (include "kvroute.modelVolume" .) "true" }}
 - {name: models, mountPath: /models, readOnly: true}
 {{- end }}
 {{- end -}}
@@ -128,5 +218,19 @@ capabilities:
 {{- end -}}
 {{- if le (int .Values.gateway.terminationGracePeriodSeconds) (add .Values.gateway.shutdownGraceSecs .Values.gateway.preStopSleepSecs | int) -}}
 {{- fail "gateway.terminationGracePeriodSeconds must exceed gateway.shutdownGraceSecs + gateway.preStopSleepSecs" -}}
+{{- end -}}
+{{- if eq (include "kvroute.vllm" .) "true" -}}
+{{- if gt (int .Values.nodeAgent.gpus) 0 -}}
+{{- fail "nodeAgent.gpus is the builtin engine's: with nodeAgent.engine=vllm the GPUs are vLLM's, set nodeAgent.vllm.gpus" -}}
+{{- end -}}
+{{- if ne (int .Values.blockSize) 16 -}}
+{{- fail "with nodeAgent.engine=vllm the agents present blocks of 16 tokens: blockSize must be 16 (nodeAgent.vllm.blockSize is vLLM's own, a multiple of 16)" -}}
+{{- end -}}
+{{- if or .Values.redis.url .Values.redis.clusterNodes -}}
+{{- fail "agents beside vLLM have no Redis tier: leave redis.url and redis.clusterNodes empty with nodeAgent.engine=vllm" -}}
+{{- end -}}
+{{- if and (ne (include "kvroute.modelFetch" .) "true") (not .Values.model.existingClaim) -}}
+{{- fail "nothing would put nodeAgent.vllm.model into /models: set model.existingClaim to a PersistentVolumeClaim that holds it (a directory, or a Hugging Face id with model.download.enabled=false), or fetch a Hugging Face id (model.download.enabled)" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
