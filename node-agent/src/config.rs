@@ -211,7 +211,9 @@ impl ServeArgs {
         }
         let url = self.engine_url.as_deref().unwrap_or_default();
         crate::external::http::Endpoint::parse(url).map_err(|error| format!("--engine-url: {error}"))?;
-        for (flag, value) in [("--engine-kv-events", &self.engine_kv_events), ("--engine-kv-replay", &self.engine_kv_replay)] {
+        for (flag, value) in
+            [("--engine-kv-events", &self.engine_kv_events), ("--engine-kv-replay", &self.engine_kv_replay)]
+        {
             if let Some(value) = value {
                 crate::engine_events::socket::tcp_address(value).map_err(|error| format!("{flag}: {error}"))?;
             }

@@ -10,14 +10,14 @@ use kvroute_proto::block_record::ModelFingerprint;
 use kvroute_proto::domain::{AgentInfo, Tier, TierInfo};
 
 use crate::config::{EngineKind, ServeArgs};
-use crate::engine::publisher::{Handover, PublisherHandle};
-use crate::engine_events::{Translator, TranslatorConfig};
-use crate::engine_events::socket::tcp_address;
-use crate::external::{self, ExternalEngine, http::Endpoint};
 use crate::engine::model_executor::ModelExecutor;
+use crate::engine::publisher::{Handover, PublisherHandle};
 use crate::engine::thread::{EngineHandle, SharedSink, StreamIdentity};
 use crate::engine::tiering::{PrefetchBudget, SpillFn};
 use crate::engine::{Engine, Tiering};
+use crate::engine_events::socket::tcp_address;
+use crate::engine_events::{Translator, TranslatorConfig};
+use crate::external::{self, ExternalEngine, http::Endpoint};
 use crate::model::{KvStore, Model};
 use crate::server::AgentService;
 use crate::tiers::host::HostTier;

@@ -69,7 +69,11 @@ impl AgentService {
         network: Option<NetworkTier>,
         prefetch_budget: PrefetchBudget,
     ) -> AgentService {
-        AgentService { backend: Backend::Builtin { engine, network, prefetch_budget }, info, open_streams: Arc::default() }
+        AgentService {
+            backend: Backend::Builtin { engine, network, prefetch_budget },
+            info,
+            open_streams: Arc::default(),
+        }
     }
 
     /// The service of an agent in front of an engine server.
@@ -214,7 +218,9 @@ impl pb::agent_server::Agent for AgentService {
                 engine.submit(request, Box::new(StreamSink(sender)), prefetched).await.map_err(status_of)?;
             }
             Backend::External(engine) => {
-                if request.prompt.len() as u64 >= u64::from(self.info.max_context_tokens) && self.info.max_context_tokens > 0 {
+                if request.prompt.len() as u64 >= u64::from(self.info.max_context_tokens)
+                    && self.info.max_context_tokens > 0
+                {
                     return Err(Status::invalid_argument(format!(
                         "the prompt has {} tokens; the model's context holds {}",
                         request.prompt.len(),

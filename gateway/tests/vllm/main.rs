@@ -119,15 +119,18 @@ fn indexed_blocks(gateway: &GatewayProcess, text: &str) -> BTreeMap<String, u64>
         .as_array()
         .unwrap()
         .iter()
-        .map(|candidate| (candidate["replica"].as_str().unwrap().to_string(), candidate["gpu_blocks"].as_u64().unwrap()))
+        .map(|candidate| {
+            (candidate["replica"].as_str().unwrap().to_string(), candidate["gpu_blocks"].as_u64().unwrap())
+        })
         .collect()
 }
 
-/// Waits until the gateway's index holds `blocks` of `text`'s blocks on `replica`.
-fn wait_indexed_on(gateway: &GatewayProcess, text: &str, replica: &str, blocks: u64) -> BTreeMap<String, u64> {
+/// Waits until the gateway's index holds `blocks` of `text`'s blocks on `agent`'s replica.
+fn wait_indexed_on(gateway: &GatewayProcess, text: &str, agent: &AgentProcess, blocks: u64) -> BTreeMap<String, u64> {
+    let replica = agent.grpc.to_string();
     wait_until(&format!("{blocks} blocks of the prompt indexed on {replica}"), PATIENCE, || {
         let indexed = indexed_blocks(gateway, text);
-        if indexed.get(replica) == Some(&blocks) { Ok(indexed) } else { Err(format!("{indexed:?}")) }
+        if indexed.get(&replica) == Some(&blocks) { Ok(indexed) } else { Err(format!("{indexed:?}")) }
     })
     .unwrap()
 }
@@ -190,12 +193,12 @@ fn evicted_engine_blocks_leave_the_gateways_index() {
     let text = prompt("evicted", 260);
     let (prompt_tokens, _) = complete(gateway.http, None, &text);
     let blocks = full_engine_blocks_as_kvroute(prompt_tokens);
-    wait_indexed_on(&gateway, &text, "vllm-1", blocks);
+    wait_indexed_on(&gateway, &text, &agent, blocks);
     // The engine holds 24 blocks of 128 tokens: four prompts of about 900 tokens push the first one out.
     for filler in 0..4 {
         complete(gateway.http, None, &prompt(&format!("filler {filler} of the eviction test"), 700));
     }
-    wait_indexed_on(&gateway, &text, "vllm-1", 0);
+    wait_indexed_on(&gateway, &text, &agent, 0);
     assert_eq!(complete(gateway.http, None, &text).1, 0, "the engine agrees: the prompt is computed again");
 }
 
@@ -207,22 +210,22 @@ fn an_engine_restart_and_an_agent_restart_are_both_recovered_from() {
     let text = prompt("restarts", 260);
     let (prompt_tokens, _) = complete(gateway.http, None, &text);
     let blocks = full_engine_blocks_as_kvroute(prompt_tokens);
-    wait_indexed_on(&gateway, &text, "vllm-0", blocks);
+    wait_indexed_on(&gateway, &text, &agent, blocks);
 
     // The engine restarts with an empty cache: the replica's index is cleared (a new epoch), and it is
     // routed to again once the engine answers.
     fleet.servers[0].restart();
     fleet.servers[0].wait_ready().unwrap_or_else(|message| panic!("{message}"));
-    wait_indexed_on(&gateway, &text, "vllm-0", 0);
+    wait_indexed_on(&gateway, &text, &agent, 0);
     gateway.wait_healthy(1, Duration::from_secs(60)).unwrap();
     assert_eq!(complete(gateway.http, None, &text).1, 0, "the restarted engine computes the prompt");
-    wait_indexed_on(&gateway, &text, "vllm-0", blocks);
+    wait_indexed_on(&gateway, &text, &agent, blocks);
 
     // The agent restarts beside a running engine: it learns what the engine holds from the engine's replay
     // buffer, and the repeat is a hit.
     agent.restart();
     gateway.wait_healthy(1, Duration::from_secs(60)).unwrap();
-    wait_indexed_on(&gateway, &text, "vllm-0", blocks);
+    wait_indexed_on(&gateway, &text, &agent, blocks);
     assert_eq!(complete(gateway.http, None, &text).1, blocks * 16);
 }
 

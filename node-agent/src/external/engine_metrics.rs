@@ -11,6 +11,8 @@ pub struct EngineGauges {
     pub kv_usage: Option<f64>,
     pub block_size: Option<u32>,
     pub num_blocks: Option<u64>,
+    /// When the engine's server process started (Unix seconds): it changes when the engine restarts.
+    pub start_time: Option<f64>,
 }
 
 /// Reads the gauges out of a Prometheus text exposition; lines it does not know are skipped, and the
@@ -33,6 +35,7 @@ pub fn parse(text: &str) -> EngineGauges {
             "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" | "sglang:token_usage" => {
                 gauges.kv_usage = Some(gauges.kv_usage.unwrap_or(0.0).max(value.clamp(0.0, 1.0)));
             }
+            "process_start_time_seconds" => gauges.start_time = Some(gauges.start_time.unwrap_or(0.0).max(value)),
             "vllm:cache_config_info" => {
                 gauges.block_size = label(labels, "block_size").and_then(|value| value.parse().ok());
                 gauges.num_blocks = label(labels, "num_gpu_blocks").and_then(|value| value.parse().ok());
@@ -89,6 +92,7 @@ vllm:num_requests_waiting{engine="0",model_name="smollm2"} 3.0
 vllm:kv_cache_usage_perc{engine="0",model_name="smollm2"} 0.25
 vllm:cache_config_info{block_size="128",cache_dtype="auto",num_gpu_blocks="455",prefix_caching_hash_algo="sha256"} 1.0
 vllm:prompt_tokens_total{engine="0",model_name="smollm2"} 1234.0
+process_start_time_seconds 1.76461071286e+09
 "#;
         let gauges = parse(text);
         assert_eq!(gauges.running, Some(3.0));
@@ -96,11 +100,13 @@ vllm:prompt_tokens_total{engine="0",model_name="smollm2"} 1234.0
         assert_eq!(gauges.kv_usage, Some(0.25));
         assert_eq!(gauges.block_size, Some(128));
         assert_eq!(gauges.num_blocks, Some(455));
+        assert_eq!(gauges.start_time, Some(1_764_610_712.86));
     }
 
     #[test]
     fn sglang_names_and_junk_lines() {
-        let text = "sglang:num_running_reqs{model_name=\"m\"} 4\nsglang:num_queue_reqs 1\nnot a sample\n{}\nx{a=\"1\" NaN\n";
+        let text =
+            "sglang:num_running_reqs{model_name=\"m\"} 4\nsglang:num_queue_reqs 1\nnot a sample\n{}\nx{a=\"1\" NaN\n";
         let gauges = parse(text);
         assert_eq!((gauges.running, gauges.waiting, gauges.kv_usage), (Some(4.0), Some(1.0), None));
         assert_eq!(parse(""), EngineGauges::default());

@@ -2,10 +2,11 @@
 //! ZeroMQ publisher, translate each batch ([`Translator`]), and hand the kvroute events over.
 //!
 //! - A gap in the engine's sequence is filled from its replay socket. When the agent starts beside an
-//!   engine that already runs, that first gap is the engine's history: whatever the replay buffer still
+//!   engine that already runs, it first replays the engine's history: whatever the replay buffer still
 //!   holds is applied, and the rest is given up (nothing was known yet). A gap later that the replay
 //!   cannot fill ends the epoch: the replica's index is cleared and relearnt, never left wrong.
-//! - An engine restart (its sequence starts again) starts a new epoch the same way.
+//! - An engine restart starts a new epoch the same way: seen in the engine's metrics (its server's start
+//!   time changed), before the new engine's first event, or else in its sequence starting again.
 //! - A lost connection is made again, once a second, for as long as the agent runs.
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -33,7 +34,7 @@ pub fn spawn(
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("engine-events".into())
-        .spawn(move || Feed { engine, translator, events, replay }.run())
+        .spawn(move || Feed { engine, translator, events, replay, started: None }.run())
 }
 
 struct Feed {
@@ -41,6 +42,8 @@ struct Feed {
     translator: Arc<Mutex<Translator>>,
     events: String,
     replay: Option<String>,
+    /// The engine start time the translator's state belongs to.
+    started: Option<f64>,
 }
 
 impl Feed {
@@ -48,12 +51,31 @@ impl Feed {
         self.translator.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn run(self) {
+    /// Starts a new epoch when the engine's start time changed since the translator's state was made.
+    fn check_restart(&mut self) {
+        let Some(now) = self.engine.engine_started() else { return };
+        if self.started.is_some_and(|before| before != now) {
+            tracing::warn!("the engine restarted: starting a new epoch");
+            self.translator().reset();
+            self.engine.new_epoch(crate::run::new_epoch());
+        }
+        self.started = Some(now);
+    }
+
+    fn run(mut self) {
         let mut logged_down = false;
         while !self.engine.is_draining() {
-            let mut socket = match ZmtpSocket::connect(&self.events, SocketType::Sub, SocketOptions::default())
-                .and_then(|mut socket| socket.subscribe(b"").map(|()| socket))
-            {
+            self.check_restart();
+            let connected = ZmtpSocket::connect(&self.events, SocketType::Sub, SocketOptions::default());
+            let mut socket = match connected.and_then(|mut socket| {
+                // Knowing nothing yet (the agent started, or the engine restarted), learn what the engine
+                // holds from its replay buffer first; a batch published before the subscription takes
+                // effect shows as a gap, which the replay fills.
+                if self.translator().last_seq().is_none() {
+                    self.replay_from(0, u64::MAX);
+                }
+                socket.subscribe(b"").map(|()| socket)
+            }) {
                 Ok(socket) => socket,
                 Err(error) => {
                     if !logged_down {
@@ -67,6 +89,7 @@ impl Feed {
             tracing::info!(endpoint = %self.events, "subscribed to the engine's KV events");
             logged_down = false;
             while !self.engine.is_draining() {
+                self.check_restart();
                 match socket.recv() {
                     Ok(None) => {}
                     Ok(Some(message)) => self.on_message(&message),
@@ -79,7 +102,9 @@ impl Feed {
         }
     }
 
-    fn on_message(&self, message: &[Vec<u8>]) {
+    fn on_message(&mut self, message: &[Vec<u8>]) {
+        // The engine may have restarted while this waited for the message: its first.
+        self.check_restart();
         let published = match frames::published(message) {
             Ok(published) => published,
             Err(error) => {
@@ -98,7 +123,7 @@ impl Feed {
     }
 
     /// Applies one live batch, repairing a gap before it and starting a new epoch on a restart.
-    fn apply(&self, seq: u64, batch: &EngineBatch) {
+    fn apply(&mut self, seq: u64, batch: &EngineBatch) {
         for _ in 0..3 {
             let step = self.translator().apply(seq, batch, Source::Live);
             match step {
@@ -112,6 +137,7 @@ impl Feed {
                 Step::Restart => {
                     tracing::warn!(seq, "the engine restarted: starting a new epoch");
                     self.engine.new_epoch(crate::run::new_epoch());
+                    self.started = self.engine.engine_started();
                 }
                 Step::Gap { missing } => {
                     let knew_nothing = self.translator().last_seq().is_none();

@@ -101,10 +101,14 @@ impl Ledger {
     pub fn load(&self, draining: bool) -> LoadStats {
         let open = self.open.len() as u32;
         let waiting = (self.gauges.waiting.unwrap_or(0.0).max(0.0) as u32).min(open);
-        let queued_prefill_tokens =
-            self.open.values().filter(|open| open.first_token_after.is_none()).map(|open| open.prompt_tokens as u64).sum();
-        let kv_blocks_used =
-            ((self.gauges.kv_usage.unwrap_or(0.0) * self.kv_blocks_total as f64).round() as u64).min(self.kv_blocks_total);
+        let queued_prefill_tokens = self
+            .open
+            .values()
+            .filter(|open| open.first_token_after.is_none())
+            .map(|open| open.prompt_tokens as u64)
+            .sum();
+        let kv_blocks_used = ((self.gauges.kv_usage.unwrap_or(0.0) * self.kv_blocks_total as f64).round() as u64)
+            .min(self.kv_blocks_total);
         LoadStats {
             waiting_requests: waiting,
             running_requests: open - waiting,

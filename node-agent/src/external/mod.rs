@@ -79,6 +79,8 @@ struct Inner {
     draining: AtomicBool,
     /// The engine stopped answering its health and metrics polls.
     engine_down: AtomicBool,
+    /// The engine server's start time (f64 bits; 0: not known yet), from its metrics.
+    engine_started: AtomicU64,
 }
 
 impl ExternalEngine {
@@ -100,6 +102,7 @@ impl ExternalEngine {
                 current_epoch: AtomicU64::new(epoch),
                 draining: AtomicBool::new(false),
                 engine_down: AtomicBool::new(false),
+                engine_started: AtomicU64::new(0),
             }),
         }
     }
@@ -147,6 +150,12 @@ impl ExternalEngine {
     pub fn new_epoch(&self, epoch: u64) {
         self.inner.current_epoch.store(epoch, Ordering::Release);
         self.inner.publisher.new_epoch(epoch);
+    }
+
+    /// When the engine's server started (Unix seconds), once its metrics said.
+    pub fn engine_started(&self) -> Option<f64> {
+        let bits = self.inner.engine_started.load(Ordering::Acquire);
+        (bits != 0).then(|| f64::from_bits(bits))
     }
 
     /// The epoch `Info` announces: the one of the events now published.
@@ -230,6 +239,11 @@ impl ExternalEngine {
             match self.read_gauges().await {
                 Ok(gauges) => {
                     failures = 0;
+                    // Before the replica is routed to again: the event feed starts a new epoch when the
+                    // engine restarted, before the new engine's first event.
+                    if let Some(started) = gauges.start_time {
+                        self.inner.engine_started.store(started.to_bits(), Ordering::Release);
+                    }
                     self.ledger().set_gauges(gauges);
                     if self.inner.engine_down.swap(false, Ordering::AcqRel) {
                         tracing::info!(url = %self.inner.facts.endpoint.url(""), "the engine answers again");
@@ -248,13 +262,17 @@ impl ExternalEngine {
 
     async fn read_gauges(&self) -> Result<engine_metrics::EngineGauges, String> {
         let endpoint = &self.inner.facts.endpoint;
-        let (health, _) =
-            endpoint.call(hyper::Method::GET, "/health", None, POLL_INTERVAL * 4).await.map_err(|error| error.to_string())?;
+        let (health, _) = endpoint
+            .call(hyper::Method::GET, "/health", None, POLL_INTERVAL * 4)
+            .await
+            .map_err(|error| error.to_string())?;
         if health != 200 {
             return Err(format!("/health answered {health}"));
         }
-        let (status, body) =
-            endpoint.call(hyper::Method::GET, "/metrics", None, POLL_INTERVAL * 4).await.map_err(|error| error.to_string())?;
+        let (status, body) = endpoint
+            .call(hyper::Method::GET, "/metrics", None, POLL_INTERVAL * 4)
+            .await
+            .map_err(|error| error.to_string())?;
         if status != 200 {
             return Err(format!("/metrics answered {status}"));
         }
@@ -292,8 +310,8 @@ impl ExternalEngine {
                     break;
                 }
             }
-            let json = serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| serde_json::Value::String(http::lossy(&bytes, 300)));
+            let json =
+                serde_json::from_slice(&bytes).unwrap_or_else(|_| serde_json::Value::String(http::lossy(&bytes, 300)));
             return Err(openai::error_of(status, &json));
         }
         let mut decoder = openai::SseDecoder::default();
@@ -305,8 +323,9 @@ impl ExternalEngine {
                 () = sender.closed() => return Ok(None),
             };
             let bytes = match next {
-                Some(bytes) => bytes
-                    .map_err(|error| GenerateError::Unavailable(format!("the engine's stream broke: {error}")))?,
+                Some(bytes) => {
+                    bytes.map_err(|error| GenerateError::Unavailable(format!("the engine's stream broke: {error}")))?
+                }
                 None => break 'stream,
             };
             for payload in decoder.feed(&bytes).map_err(GenerateError::Unavailable)? {
@@ -347,7 +366,10 @@ fn token_message(token_ids: Vec<u32>) -> pb::AgentGenerateResponse {
     pb::AgentGenerateResponse { token_ids, ..Default::default() }
 }
 
-fn finished_message(reason: kvroute_proto::domain::FinishReason, usage: &crate::engine::Usage) -> pb::AgentGenerateResponse {
+fn finished_message(
+    reason: kvroute_proto::domain::FinishReason,
+    usage: &crate::engine::Usage,
+) -> pb::AgentGenerateResponse {
     pb::AgentGenerateResponse {
         token_ids: Vec::new(),
         usage: Some(pb::Usage {

@@ -98,8 +98,9 @@ pub fn decode_chunk(payload: &str) -> Result<Chunk, GenerateError> {
     if payload.trim() == "[DONE]" {
         return Ok(Chunk { done: true, ..Chunk::default() });
     }
-    let value: Value = serde_json::from_str(payload)
-        .map_err(|error| GenerateError::Unavailable(format!("the engine streamed a chunk that is not JSON: {error}")))?;
+    let value: Value = serde_json::from_str(payload).map_err(|error| {
+        GenerateError::Unavailable(format!("the engine streamed a chunk that is not JSON: {error}"))
+    })?;
     if let Some(error) = value.get("error") {
         let status = error.get("code").and_then(Value::as_u64).unwrap_or(500) as u16;
         return Err(error_of(status, &value));

@@ -54,12 +54,14 @@ pub async fn wait_for_engine(endpoint: &Endpoint, wait: Duration) -> anyhow::Res
 /// The served model (its name and context length) out of `/v1/models`: `expected` when given, which must
 /// be listed, else the only one listed.
 pub fn served_model(models: &Value, expected: Option<&str>) -> anyhow::Result<(String, u32)> {
-    let listed: Vec<&Value> = models.get("data").and_then(Value::as_array).map(|data| data.iter().collect()).unwrap_or_default();
+    let listed: Vec<&Value> =
+        models.get("data").and_then(Value::as_array).map(|data| data.iter().collect()).unwrap_or_default();
     let names: Vec<&str> = listed.iter().filter_map(|model| model.get("id").and_then(Value::as_str)).collect();
     let chosen = match expected {
-        Some(name) => listed.iter().find(|model| model.get("id").and_then(Value::as_str) == Some(name)).ok_or_else(|| {
-            anyhow::anyhow!("the engine serves {names:?}, not the model {name:?} (--engine-model)")
-        })?,
+        Some(name) => listed
+            .iter()
+            .find(|model| model.get("id").and_then(Value::as_str) == Some(name))
+            .ok_or_else(|| anyhow::anyhow!("the engine serves {names:?}, not the model {name:?} (--engine-model)"))?,
         None => match listed.as_slice() {
             [only] => only,
             _ => anyhow::bail!("the engine serves {names:?}: name the one to use with --engine-model"),
@@ -111,20 +113,29 @@ pub fn load_tokenizer(model_dir: &Path) -> anyhow::Result<Tokenizer> {
 /// Asks the engine to tokenize every probe and compares with `tokenizer`; the first difference is an
 /// error naming the probe and both answers.
 pub async fn check_tokenizer(endpoint: &Endpoint, model: &str, tokenizer: &Tokenizer) -> anyhow::Result<()> {
-    let specials: Vec<String> =
-        [tokenizer.bos_token_id()].into_iter().flatten().chain(tokenizer.eos_token_ids().iter().copied()).filter_map(|id| {
-            tokenizer.decode(&[id]).ok().map(|text| format!("{text}user\nhello{text}"))
-        }).collect();
+    let specials: Vec<String> = [tokenizer.bos_token_id()]
+        .into_iter()
+        .flatten()
+        .chain(tokenizer.eos_token_ids().iter().copied())
+        .filter_map(|id| tokenizer.decode(&[id]).ok().map(|text| format!("{text}user\nhello{text}")))
+        .collect();
     for probe in PROBES.iter().copied().map(str::to_string).chain(specials) {
         let body = json!({"model": model, "prompt": probe, "add_special_tokens": false});
         let (status, answer) = endpoint
             .call(hyper::Method::POST, "/tokenize", Some(&body), CALL_TIMEOUT)
             .await
             .map_err(|error| anyhow::anyhow!("asking the engine to tokenize: {error}"))?;
-        anyhow::ensure!(status == 200, "the engine's /tokenize answered {status}: {}", super::http::lossy(&answer, 300));
+        anyhow::ensure!(
+            status == 200,
+            "the engine's /tokenize answered {status}: {}",
+            super::http::lossy(&answer, 300)
+        );
         let answer: Value = serde_json::from_slice(&answer).map_err(|error| anyhow::anyhow!("/tokenize: {error}"))?;
-        let theirs: Vec<u64> =
-            answer.get("tokens").and_then(Value::as_array).map(|ids| ids.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
+        let theirs: Vec<u64> = answer
+            .get("tokens")
+            .and_then(Value::as_array)
+            .map(|ids| ids.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default();
         let ours: Vec<u64> = tokenizer.encode(&probe).into_iter().map(u64::from).collect();
         anyhow::ensure!(
             theirs == ours,
@@ -191,7 +202,8 @@ mod tests {
     #[test]
     fn geometry_comes_from_config_json() {
         let dir = tempfile::tempdir().unwrap();
-        let config = json!({"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576});
+        let config =
+            json!({"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576});
         std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
         let geometry = kv_geometry(dir.path());
         assert_eq!((geometry.num_layers, geometry.num_kv_heads, geometry.head_dim), (30, 3, 64));

@@ -18,18 +18,15 @@ use kvroute_proto::BlockHasher;
 use kvroute_proto::domain::{KvEvent, Tier};
 use kvroute_test_support::{ChildProcess, free_port, repo_root};
 
-/// A Python with pyzmq, or `None` (said on stderr) when none can be had.
-fn pyzmq_python() -> Option<PathBuf> {
+/// A Python with pyzmq (`scripts/pyzmq-python.sh` sets it up); the test fails without one.
+fn pyzmq_python() -> PathBuf {
     if let Some(python) = std::env::var_os("KVROUTE_PYZMQ_PYTHON") {
-        return Some(python.into());
+        return python.into();
     }
     let script = repo_root().join("scripts/pyzmq-python.sh");
-    let output = Command::new(&script).stderr(Stdio::inherit()).output().ok()?;
-    if !output.status.success() {
-        eprintln!("SKIPPED: {} could not set up pyzmq; the ZMTP test against libzmq did not run", script.display());
-        return None;
-    }
-    Some(String::from_utf8_lossy(&output.stdout).trim().into())
+    let output = Command::new(&script).stderr(Stdio::inherit()).output().unwrap();
+    assert!(output.status.success(), "{} failed: pyzmq is needed for this test", script.display());
+    String::from_utf8_lossy(&output.stdout).trim().into()
 }
 
 fn fixture(name: &str) -> PathBuf {
@@ -49,7 +46,7 @@ fn next(socket: &mut ZmtpSocket, timeout: Duration) -> Vec<Vec<u8>> {
 
 #[test]
 fn subscriber_and_replay_client_against_libzmq() {
-    let Some(python) = pyzmq_python() else { return };
+    let python = pyzmq_python();
     let (pub_port, router_port) = (free_port(), free_port());
     let stored = fixture("vllm_0_32_stored.msgpack");
     let mut peer = ChildProcess::spawn(
