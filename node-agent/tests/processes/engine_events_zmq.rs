@@ -24,7 +24,7 @@ fn pyzmq_python() -> PathBuf {
         return python.into();
     }
     let script = repo_root().join("scripts/pyzmq-python.sh");
-    let output = Command::new(&script).stderr(Stdio::inherit()).output().unwrap();
+    let output = Command::new(&script).stderr(Stdio::inherit()).output().expect("run scripts/pyzmq-python.sh");
     assert!(output.status.success(), "{} failed: pyzmq is needed for this test", script.display());
     String::from_utf8_lossy(&output.stdout).trim().into()
 }
