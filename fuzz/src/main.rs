@@ -12,7 +12,7 @@ use kvroute_fuzz::{Budget, RunConfig, crash_name, fuzz, read_inputs, regressions
 #[command(name = "kvroute-fuzz", about = "Fuzz kvroute's parsers of outside bytes for a bounded time.")]
 struct Args {
     /// Targets to run (`all`, or names: request_json, wire_messages, event_stream, block_record, redis_reply, gguf,
-    /// engine_events).
+    /// engine_events, engine_http).
     #[arg(default_value = "all")]
     targets: Vec<String>,
     /// Seconds per target.

@@ -50,6 +50,7 @@ pub fn all() -> Vec<Target> {
         Target { name: "redis_reply", run: redis_reply, seeds: redis_reply_seeds, dictionary: RESP_WORDS },
         Target { name: "gguf", run: gguf, seeds: gguf_seeds, dictionary: &["GGUF", "tokenizer.ggml.tokens"] },
         Target { name: "engine_events", run: engine_events, seeds: engine_events_seeds, dictionary: ENGINE_WORDS },
+        Target { name: "engine_http", run: engine_http, seeds: engine_http_seeds, dictionary: ENGINE_HTTP_WORDS },
     ]
 }
 
@@ -626,3 +627,59 @@ const VLLM_CAPTURES: [&[u8]; 3] = [
     include_bytes!("../../node-agent/tests/fixtures/vllm/events/02-stored-with-parent.zmq"),
     include_bytes!("../../node-agent/tests/fixtures/vllm/events/08-cleared.zmq"),
 ];
+
+// ---------------------------------------------------------------------------------------------------------
+// engine_http: what an engine server beside an agent answers over HTTP: a completion's server-sent events
+// (split into chunks whose size the first byte picks, each payload decoded) and its Prometheus metrics.
+
+const ENGINE_HTTP_WORDS: &[&str] = &[
+    "data: ",
+    "[DONE]",
+    "\n\n",
+    "choices",
+    "token_ids",
+    "finish_reason",
+    "usage",
+    "prompt_tokens_details",
+    "cached_tokens",
+    "error",
+    "vllm:num_requests_running",
+    "vllm:cache_config_info",
+    "block_size=\"",
+    "process_start_time_seconds",
+];
+
+fn engine_http_seeds() -> Vec<Vec<u8>> {
+    vec![
+        include_bytes!("../../node-agent/tests/fixtures/vllm/http/completions-stream-repeat.body").to_vec(),
+        include_bytes!("../../node-agent/tests/fixtures/vllm/http/metrics.body").to_vec(),
+        b"data: {\"error\":{\"message\":\"x\",\"code\":503}}\n\n".to_vec(),
+    ]
+}
+
+fn engine_http(input: &[u8]) -> String {
+    use kvroute_node_agent::external::{engine_metrics, openai};
+    let chunk = usize::from(input.first().copied().unwrap_or(1).max(1));
+    let mut decoder = openai::SseDecoder::default();
+    let mut outcome = String::from("sse");
+    for piece in input.chunks(chunk) {
+        match decoder.feed(piece) {
+            Ok(payloads) => {
+                for payload in payloads {
+                    match openai::decode_chunk(&payload) {
+                        Ok(decoded) if decoded.done => outcome.push_str(" done"),
+                        Ok(decoded) if decoded.usage.is_some() => outcome.push_str(" usage ok"),
+                        Ok(_) => outcome.push_str(" ok"),
+                        Err(_) => outcome.push_str(" error"),
+                    }
+                }
+            }
+            Err(_) => return "sse too long".into(),
+        }
+    }
+    let gauges = engine_metrics::parse(&String::from_utf8_lossy(input));
+    if let Some(usage) = gauges.kv_usage {
+        assert!((0.0..=1.0).contains(&usage), "kv usage {usage} outside [0, 1]");
+    }
+    format!("{outcome} gauges {}", u8::from(gauges.running.is_some()) + u8::from(gauges.block_size.is_some()))
+}

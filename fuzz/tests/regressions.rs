@@ -34,7 +34,7 @@ fn seeds_reach_the_parsers_success_paths() {
 }
 
 /// Mutated inputs per target in the tests: a fixed amount of work, the same inputs every run (about 5 s for
-/// all seven targets on a 2-core machine; `scripts/fuzz.sh` runs for a time instead).
+/// all eight targets on a 2-core machine; `scripts/fuzz.sh` runs for a time instead).
 const EXECUTIONS: u64 = 200_000;
 
 #[test]

@@ -104,6 +104,14 @@ process_start_time_seconds 1.76461071286e+09
     }
 
     #[test]
+    fn a_captured_vllm_exposition_gives_the_block_size_and_blocks() {
+        let text = include_str!("../../tests/fixtures/vllm/http/metrics.body");
+        let gauges = parse(text);
+        assert_eq!((gauges.block_size, gauges.num_blocks), (Some(128), Some(24)));
+        assert!(gauges.running.is_some() && gauges.waiting.is_some() && gauges.kv_usage.is_some(), "{gauges:?}");
+    }
+
+    #[test]
     fn sglang_names_and_junk_lines() {
         let text =
             "sglang:num_running_reqs{model_name=\"m\"} 4\nsglang:num_queue_reqs 1\nnot a sample\n{}\nx{a=\"1\" NaN\n";

@@ -219,6 +219,36 @@ mod tests {
     }
 
     #[test]
+    fn a_captured_vllm_stream_gives_its_five_token_ids_the_finish_and_the_cached_tokens() {
+        let stream = include_bytes!("../../tests/fixtures/vllm/http/completions-stream-repeat.body");
+        let mut decoder = SseDecoder::default();
+        let chunks: Vec<Chunk> = stream
+            .chunks(97)
+            .flat_map(|piece| decoder.feed(piece).unwrap())
+            .map(|payload| decode_chunk(&payload).unwrap())
+            .collect();
+        let ids: Vec<u32> = chunks.iter().flat_map(|chunk| chunk.token_ids.clone()).collect();
+        assert_eq!(ids.len(), 5, "{chunks:?}");
+        assert_eq!(ids[0], 7042, "\" Paris\" first");
+        assert_eq!(chunks.iter().filter_map(|chunk| chunk.finish_reason).collect::<Vec<_>>(), [FinishReason::Length]);
+        let usage = chunks.iter().find_map(|chunk| chunk.usage.clone()).unwrap();
+        assert_eq!((usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens), (295, 5, 256));
+        assert!(chunks.last().unwrap().done);
+    }
+
+    #[test]
+    fn captured_vllm_errors_map_to_invalid_argument() {
+        for name in ["error-prompt-too-long", "error-cache-salt-slash", "error-unknown-model", "error-temperature"] {
+            let path = format!("{}/tests/fixtures/vllm/http/{name}.json", env!("CARGO_MANIFEST_DIR"));
+            let exchange: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            let status = exchange["status"].as_u64().unwrap() as u16;
+            let body_path = format!("{}/tests/fixtures/vllm/http/{name}.body", env!("CARGO_MANIFEST_DIR"));
+            let body: Value = serde_json::from_slice(&std::fs::read(&body_path).unwrap()).unwrap();
+            assert!(matches!(error_of(status, &body), GenerateError::InvalidArgument(_)), "{name}: {status} {body}");
+        }
+    }
+
+    #[test]
     fn errors_map_to_what_the_gateway_does_with_them() {
         let too_long = json!({"error": {"message": "This model's maximum context length is 2048 tokens", "code": 400}});
         assert!(matches!(error_of(400, &too_long), GenerateError::InvalidArgument(m) if m.contains("2048")));
