@@ -231,7 +231,7 @@ mod tests {
         assert_eq!(ids.len(), 5, "{chunks:?}");
         assert_eq!(ids[0], 7042, "\" Paris\" first");
         assert_eq!(chunks.iter().filter_map(|chunk| chunk.finish_reason).collect::<Vec<_>>(), [FinishReason::Length]);
-        let usage = chunks.iter().find_map(|chunk| chunk.usage.clone()).unwrap();
+        let usage = chunks.iter().find_map(|chunk| chunk.usage).unwrap();
         assert_eq!((usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens), (295, 5, 256));
         assert!(chunks.last().unwrap().done);
     }
