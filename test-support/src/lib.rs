@@ -245,6 +245,29 @@ pub fn smollm2_path() -> PathBuf {
     path
 }
 
+/// A Python interpreter set up by one of the project's scripts: `$env` when set (scripts/test.sh sets it),
+/// else what `script` (under the repository) prints. Fails the test, saying what is missing, when the
+/// script cannot set it up: a test needing it never passes without it.
+pub fn python_from(env: &str, script: &str) -> PathBuf {
+    if let Some(python) = std::env::var_os(env) {
+        return python.into();
+    }
+    let script = repo_root().join(script);
+    let output = Command::new(&script).stderr(Stdio::inherit()).output().expect("run the set-up script");
+    assert!(output.status.success(), "{} failed: this test needs what it sets up", script.display());
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
+
+/// Python with the official OpenAI client (`scripts/openai-python.sh`).
+pub fn openai_python() -> PathBuf {
+    python_from("KVROUTE_OPENAI_PYTHON", "scripts/openai-python.sh")
+}
+
+/// Python with pyzmq (`scripts/pyzmq-python.sh`).
+pub fn pyzmq_python() -> PathBuf {
+    python_from("KVROUTE_PYZMQ_PYTHON", "scripts/pyzmq-python.sh")
+}
+
 /// The repository's root directory (for test data shared by the crates).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()

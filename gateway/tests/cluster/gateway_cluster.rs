@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use kvroute_proto::pb::{self, generate_client::GenerateClient};
 use kvroute_test_support::services::{AgentProcess, GatewayProcess, PATIENCE, wait_finished_on};
@@ -408,20 +408,9 @@ fn bad_input_gets_its_status_and_message_over_http_and_grpc() {
     });
 }
 
-/// The Python interpreter with the official OpenAI client (`scripts/openai-python.sh` sets it up).
-fn openai_python() -> std::path::PathBuf {
-    if let Some(python) = std::env::var_os("KVROUTE_OPENAI_PYTHON") {
-        return python.into();
-    }
-    let script = kvroute_test_support::repo_root().join("scripts/openai-python.sh");
-    let output = Command::new(&script).stderr(Stdio::inherit()).output().unwrap();
-    assert!(output.status.success(), "{} failed: the OpenAI client library is needed for this test", script.display());
-    String::from_utf8(output.stdout).unwrap().trim().into()
-}
-
 #[test]
 fn the_official_openai_python_client_works_unchanged() {
-    let python = openai_python();
+    let python = kvroute_test_support::openai_python();
     let cluster = start(2);
     let script = kvroute_test_support::repo_root().join("gateway/tests/clients/openai_python.py");
     let output = Command::new(python).arg(script).arg(format!("http://{}/v1", cluster.http)).output().unwrap();

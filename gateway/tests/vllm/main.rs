@@ -254,7 +254,7 @@ fn the_official_openai_python_client_works_unchanged_with_vllm_behind() {
     let fleet = fleet();
     let agents = [fleet.agent(0), fleet.agent(1)];
     let gateway = fleet.gateway(&[&agents[0], &agents[1]], &[]);
-    let python = openai_python();
+    let python = kvroute_test_support::openai_python();
     let script = kvroute_test_support::repo_root().join("gateway/tests/clients/openai_python.py");
     let output = Command::new(python).arg(script).arg(format!("http://{}/v1", gateway.http)).output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -306,15 +306,4 @@ fn an_agent_refuses_to_start_for_an_engine_it_cannot_serve() {
     std::fs::write(other.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
     let error = run(&["--engine-url", &server.url()], &other.path().to_string_lossy());
     assert!(error.contains("the engine tokenizes"), "{error}");
-}
-
-/// The Python interpreter with the official OpenAI client (`scripts/openai-python.sh` sets it up).
-fn openai_python() -> PathBuf {
-    if let Some(python) = std::env::var_os("KVROUTE_OPENAI_PYTHON") {
-        return python.into();
-    }
-    let script = kvroute_test_support::repo_root().join("scripts/openai-python.sh");
-    let output = Command::new(&script).stderr(Stdio::inherit()).output().unwrap();
-    assert!(output.status.success(), "{} failed: the OpenAI client library is needed for this test", script.display());
-    String::from_utf8(output.stdout).unwrap().trim().into()
 }

@@ -7,7 +7,7 @@
 //! neither gives one the test says so on stderr and passes without running: it needs PyPI once.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kvroute_node_agent::engine_events::frames::{self, ReplayReply};
@@ -17,17 +17,6 @@ use kvroute_node_agent::engine_events::{Source, Step, Translator, TranslatorConf
 use kvroute_proto::BlockHasher;
 use kvroute_proto::domain::{KvEvent, Tier};
 use kvroute_test_support::{ChildProcess, free_port, repo_root};
-
-/// A Python with pyzmq (`scripts/pyzmq-python.sh` sets it up); the test fails without one.
-fn pyzmq_python() -> PathBuf {
-    if let Some(python) = std::env::var_os("KVROUTE_PYZMQ_PYTHON") {
-        return python.into();
-    }
-    let script = repo_root().join("scripts/pyzmq-python.sh");
-    let output = Command::new(&script).stderr(Stdio::inherit()).output().expect("run scripts/pyzmq-python.sh");
-    assert!(output.status.success(), "{} failed: pyzmq is needed for this test", script.display());
-    String::from_utf8_lossy(&output.stdout).trim().into()
-}
 
 fn fixture(name: &str) -> PathBuf {
     repo_root().join("node-agent/tests/fixtures/engine_events").join(name)
@@ -46,7 +35,7 @@ fn next(socket: &mut ZmtpSocket, timeout: Duration) -> Vec<Vec<u8>> {
 
 #[test]
 fn subscriber_and_replay_client_against_libzmq() {
-    let python = pyzmq_python();
+    let python = kvroute_test_support::pyzmq_python();
     let (pub_port, router_port) = (free_port(), free_port());
     let stored = fixture("vllm_0_32_stored.msgpack");
     let mut peer = ChildProcess::spawn(
