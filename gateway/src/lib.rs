@@ -2,7 +2,7 @@
 //!
 //! Layout:
 //! - [`tokenizer`]: the `kvroute-tokenizer` crate (byte-level BPE tokenizers), re-exported.
-//! - [`chat`]: deterministic chat rendering with the model's template.
+//! - [`chat`]: the `kvroute-chat` crate (deterministic chat rendering with the model's template), re-exported.
 //! - [`routing`]: the synchronous routing core: prefix index, scoring policies, traffic sketches.
 //! - [`router`]: glue between the async shell and the routing core.
 //! - [`upstream`]: the replicas: clients, event subscriptions, health, discovery.
@@ -16,7 +16,6 @@
 
 pub mod admin;
 pub mod body_deadline;
-pub mod chat;
 pub mod cli;
 pub mod config;
 pub mod cpu_pool;
@@ -32,5 +31,6 @@ pub mod run;
 pub mod service;
 pub mod tenants;
 pub mod tls;
+pub use kvroute_chat as chat;
 pub use kvroute_tokenizer as tokenizer;
 pub mod upstream;

@@ -268,9 +268,15 @@ pub fn pyzmq_python() -> PathBuf {
     python_from("KVROUTE_PYZMQ_PYTHON", "scripts/pyzmq-python.sh")
 }
 
-/// The repository's root directory (for test data shared by the crates).
+/// The repository's root directory (for test data shared by the crates): the parent of the manifest
+/// directory cargo gives the running test, else of this crate's at build time. The run-time one comes first
+/// because a target directory shared by two checkouts can hold this crate built from the other one, whose
+/// build-time path would then send the tests to the other checkout's files and binaries.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest_dir.parent().map(Path::to_path_buf).unwrap_or_default()
 }
 
 /// A built binary of the project (`gateway`, `node-agent`, `kvroute-load`), so a test never runs a stale one.

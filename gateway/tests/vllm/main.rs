@@ -306,4 +306,17 @@ fn an_agent_refuses_to_start_for_an_engine_it_cannot_serve() {
     std::fs::write(other.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
     let error = run(&["--engine-url", &server.url()], &other.path().to_string_lossy());
     assert!(error.contains("the engine tokenizes"), "{error}");
+    // The same tokenizer with a chat template whose default system prompt says one word less.
+    let edited = tempfile::tempdir().unwrap();
+    for file in ["tokenizer.json", "config.json"] {
+        std::fs::copy(fleet.model_dir.join(file), edited.path().join(file)).unwrap();
+    }
+    let mut config: Value =
+        serde_json::from_slice(&std::fs::read(fleet.model_dir.join("tokenizer_config.json")).unwrap()).unwrap();
+    let template = config["chat_template"].as_str().unwrap().to_string();
+    assert!(template.contains("named SmolLM, trained"), "{template}");
+    config["chat_template"] = Value::from(template.replace("named SmolLM, trained", "named SmolLM trained"));
+    std::fs::write(edited.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    let error = run(&["--engine-url", &server.url()], &edited.path().to_string_lossy());
+    assert!(error.contains("renders the chat probe \"a first user turn\""), "{error}");
 }

@@ -1,11 +1,15 @@
 //! What the agent checks before it serves an engine, each failure a clear error: the engine answers (it is
 //! waited for, as it may still be loading), it serves the expected model, its block size is a multiple of
-//! kvroute's 16 tokens, and it tokenizes exactly as the model directory's `tokenizer.json` does (a silent
-//! tokenizer mismatch makes every routing decision score zero).
+//! kvroute's 16 tokens, and it tokenizes exactly as the model directory's `tokenizer.json` does, text and
+//! chats rendered with its chat template alike (a silent tokenizer or template mismatch makes every
+//! routing decision score zero).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
+use kvroute_chat::{ChatMessage, ChatRenderer};
 use kvroute_proto::domain::{KvDtype, KvGeometry};
 use kvroute_tokenizer::Tokenizer;
 use serde_json::{Value, json};
@@ -29,6 +33,24 @@ const PROBES: &[&str] = &[
     "Grüße aus Köln, 東京 and naïve café ☕",
     "fn main() { println!(\"{}\", 1 + 1); }",
 ];
+
+/// Conversations whose rendering (with a generation prompt) the engine and the agent must agree on: a
+/// first turn, one with a system prompt and a reply, and non-ASCII text.
+fn chat_probes() -> Vec<(&'static str, Vec<ChatMessage>)> {
+    vec![
+        ("a first user turn", vec![ChatMessage::new("user", "What is the capital of France?")]),
+        (
+            "a system prompt, a reply and a second turn",
+            vec![
+                ChatMessage::new("system", "You are a terse assistant."),
+                ChatMessage::new("user", "Name a colour."),
+                ChatMessage::new("assistant", "Blue."),
+                ChatMessage::new("user", "  Another one,\n please. "),
+            ],
+        ),
+        ("non-ASCII text", vec![ChatMessage::new("user", "Grüße aus Köln, 東京 ☕")]),
+    ]
+}
 
 /// Waits up to `wait` for the engine to answer `GET /v1/models`.
 pub async fn wait_for_engine(endpoint: &Endpoint, wait: Duration) -> anyhow::Result<Value> {
@@ -121,21 +143,7 @@ pub async fn check_tokenizer(endpoint: &Endpoint, model: &str, tokenizer: &Token
         .collect();
     for probe in PROBES.iter().copied().map(str::to_string).chain(specials) {
         let body = json!({"model": model, "prompt": probe, "add_special_tokens": false});
-        let (status, answer) = endpoint
-            .call(hyper::Method::POST, "/tokenize", Some(&body), CALL_TIMEOUT)
-            .await
-            .map_err(|error| anyhow::anyhow!("asking the engine to tokenize: {error}"))?;
-        anyhow::ensure!(
-            status == 200,
-            "the engine's /tokenize answered {status}: {}",
-            super::http::lossy(&answer, 300)
-        );
-        let answer: Value = serde_json::from_slice(&answer).map_err(|error| anyhow::anyhow!("/tokenize: {error}"))?;
-        let theirs: Vec<u64> = answer
-            .get("tokens")
-            .and_then(Value::as_array)
-            .map(|ids| ids.iter().filter_map(Value::as_u64).collect())
-            .unwrap_or_default();
+        let theirs = engine_tokens(endpoint, &body).await?;
         let ours: Vec<u64> = tokenizer.encode(&probe).into_iter().map(u64::from).collect();
         anyhow::ensure!(
             theirs == ours,
@@ -144,6 +152,60 @@ pub async fn check_tokenizer(endpoint: &Endpoint, model: &str, tokenizer: &Token
         );
     }
     Ok(())
+}
+
+/// Asks the engine to render and tokenize every chat probe with its chat template and compares with the
+/// model directory's template, rendered as the gateway renders it; the first difference is an error
+/// naming the conversation and where the two renderings part. Skipped (with a warning) when the model
+/// directory has no chat template: the gateway then renders ChatML and sends the engine token ids.
+pub async fn check_chat_template(endpoint: &Endpoint, model: &str, tokenizer: &Tokenizer) -> anyhow::Result<()> {
+    let Some(template) = tokenizer.chat_template() else {
+        tracing::warn!("the model directory has no chat template: gateways render chats as ChatML");
+        return Ok(());
+    };
+    let renderer = ChatRenderer::new(Some(template), Arc::new(tokenizer.clone()))
+        .map_err(|error| anyhow::anyhow!("the model directory's chat template: {error}"))?;
+    for (name, messages) in chat_probes() {
+        let text = renderer
+            .render_text(&messages, &[], true)
+            .map_err(|error| anyhow::anyhow!("rendering {name} with the model directory's chat template: {error}"))?;
+        let ours: Vec<u64> = tokenizer.encode(&text).into_iter().map(u64::from).collect();
+        let body =
+            json!({"model": model, "messages": messages, "add_generation_prompt": true, "add_special_tokens": false});
+        let theirs = engine_tokens(endpoint, &body).await?;
+        if theirs != ours {
+            let at = theirs.iter().zip(&ours).take_while(|(a, b)| a == b).count();
+            let text_of = |ids: &[u64]| {
+                let ids: Vec<u32> = ids.iter().skip(at).take(12).map(|&id| id as u32).collect();
+                tokenizer.decode(&ids).unwrap_or_else(|_| format!("{ids:?}"))
+            };
+            anyhow::bail!(
+                "the engine renders the chat probe \"{name}\" into {} tokens, the model directory's chat template \
+                 into {}; they part at token {at}: the engine goes on {:?}, the model directory {:?} (serve the \
+                 same chat template on both: tokenizer_config.json's chat_template, or vLLM --chat-template)",
+                theirs.len(),
+                ours.len(),
+                text_of(&theirs),
+                text_of(&ours),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The token ids the engine's `POST /tokenize` answers for `body`.
+async fn engine_tokens(endpoint: &Endpoint, body: &Value) -> anyhow::Result<Vec<u64>> {
+    let (status, answer) = endpoint
+        .call(hyper::Method::POST, "/tokenize", Some(body), CALL_TIMEOUT)
+        .await
+        .map_err(|error| anyhow::anyhow!("asking the engine to tokenize: {error}"))?;
+    anyhow::ensure!(status == 200, "the engine's /tokenize answered {status}: {}", super::http::lossy(&answer, 300));
+    let answer: Value = serde_json::from_slice(&answer).map_err(|error| anyhow::anyhow!("/tokenize: {error}"))?;
+    Ok(answer
+        .get("tokens")
+        .and_then(Value::as_array)
+        .map(|ids| ids.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default())
 }
 
 /// The KV geometry from the model directory's `config.json` (what a block costs to move between tiers);
@@ -179,6 +241,7 @@ pub async fn discover(
     let (model, max_model_len) = served_model(&models, expected_model)?;
     let (engine_block_size, kv_blocks_total) = block_geometry(kind, &endpoint).await?;
     check_tokenizer(&endpoint, &model, &tokenizer).await?;
+    check_chat_template(&endpoint, &model, &tokenizer).await?;
     Ok((EngineFacts { kind, endpoint, model, max_model_len, engine_block_size, kv_blocks_total }, tokenizer))
 }
 

@@ -26,7 +26,11 @@ use minijinja::value::{DynObject, Enumerator, Object, ObjectRepr};
 use minijinja::{Environment, Value as JinjaValue};
 use serde_json::Value;
 
-use super::{CHATML_GENERATION_PROMPT, ChatError, ChatMessage, ChatRenderer, Piece, Rendering, TEMPLATE_NAME};
+use super::{ChatRenderer, Piece, Rendering};
+use crate::ChatError;
+use crate::chatml::{CHATML_GENERATION_PROMPT, render_chatml_marking};
+use crate::message::{ChatMessage, message_value};
+use crate::template::TEMPLATE_NAME;
 
 /// Conversations of up to this many messages are cut by rendering each prefix (at most this many
 /// renderings each for the prefixes and the generation prompts).
@@ -112,7 +116,7 @@ impl ChatRenderer {
             let mut ends = Vec::with_capacity(messages.len());
             #[cfg(test)]
             count_rendering();
-            let text = super::render_chatml_marking(messages, tools, false, &mut ends);
+            let text = render_chatml_marking(messages, tools, false, &mut ends);
             let generation = Ok(Some(CHATML_GENERATION_PROMPT.to_string()));
             return Some(Layout { text, ends, generation, measured: false });
         };
@@ -137,7 +141,7 @@ impl ChatRenderer {
             .iter()
             .enumerate()
             .map(|(index, message)| {
-                let value = JinjaValue::from_serialize(super::message_value(message));
+                let value = JinjaValue::from_serialize(message_value(message));
                 let inner = value.as_object()?.clone();
                 Some(JinjaValue::from_object(ProbedMessage { index, inner, probe: probe.clone() }))
             })
@@ -292,7 +296,7 @@ pub(super) fn count_rendering() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::Tokenizer;
+    use kvroute_tokenizer::Tokenizer;
 
     /// A system message, then user and assistant turns whose text starts and ends with white space.
     fn conversation(turns: usize) -> Vec<ChatMessage> {
