@@ -1,6 +1,6 @@
 # Sourced by the bench scripts that drive a local cluster: `start_cluster HTTP_PORT GRPC_PORT LOG [UP.SH ARGS...]`
 # starts deploy/local/up.sh (already built binaries) in the background and returns once its gateway is ready,
-# exiting the script if it is not; `stop_cluster` stops it and every process it started.
+# exiting the script if it is not (it waits $cluster_wait_secs, default 120, for the gateway to be ready); `stop_cluster` stops it and every process it started.
 
 cluster=""
 
@@ -9,7 +9,7 @@ start_cluster() {
   shift 3
   deploy/local/up.sh "$@" --http-port "$http_port" --grpc-port "$grpc_port" --no-build >"$log" 2>&1 &
   cluster=$!
-  for _ in $(seq 1 240); do
+  for _ in $(seq 1 $((${cluster_wait_secs:-120} * 2))); do
     curl -fsS "http://127.0.0.1:$http_port/ready" >/dev/null 2>&1 && return 0
     kill -0 "$cluster" 2>/dev/null || { echo "the cluster did not start; see $log" >&2; exit 1; }
     sleep 0.5

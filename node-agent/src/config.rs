@@ -117,7 +117,7 @@ pub struct ServeArgs {
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     /// The engine this agent serves: `builtin` (kvroute's own, on this process's CPU), or an engine server
-    /// beside it that the agent presents as an ordinary replica: `vllm` (`sglang` is refused for now).
+    /// beside it that the agent presents as an ordinary replica: `vllm` or `sglang`.
     #[arg(long, value_enum, default_value_t = EngineKind::Builtin)]
     pub engine: EngineKind,
     /// Base URL of the engine server's HTTP API (with `--engine vllm|sglang`), e.g. http://127.0.0.1:8000.
@@ -205,11 +205,6 @@ impl ServeArgs {
                 Some(flag) => Err(format!("{flag} needs --engine vllm or --engine sglang")),
                 None => Ok(()),
             };
-        }
-        if self.engine == EngineKind::Sglang {
-            return Err("--engine sglang is not supported yet: the agent decodes SGLang's KV events but has not been \
-                        run against a live SGLang server; use --engine vllm"
-                .into());
         }
         if let Some((flag, _)) = external.iter().find(|(_, given)| !given) {
             return Err(format!("--engine {} needs {flag}", self.engine.name()));

@@ -6,9 +6,10 @@ use std::net::SocketAddr;
 use metrics::{counter, describe_counter, describe_gauge, gauge};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
-use kvroute_proto::domain::Tier;
+use kvroute_proto::domain::{LoadStats, Tier};
 
 use crate::engine::{Engine, Executor, GenerateError};
+use crate::engine_events::Counters;
 
 pub const KV_BLOCKS_TOTAL: &str = "kvroute_agent_kv_blocks";
 pub const KV_BLOCKS_USED: &str = "kvroute_agent_kv_blocks_used";
@@ -27,6 +28,12 @@ pub const PREFETCH_BYTES_HELD: &str = "kvroute_agent_prefetch_bytes_held";
 pub const GENERATE_STREAMS: &str = "kvroute_agent_generate_streams";
 pub const PREFILL_TOKENS_PER_SECOND: &str = "kvroute_agent_prefill_tokens_per_second";
 pub const DECODE_STEP_SECONDS: &str = "kvroute_agent_decode_step_seconds";
+/// Engine mode: whether the engine beside the agent answers its health and metrics polls.
+pub const ENGINE_UP: &str = "kvroute_agent_engine_up";
+/// Engine mode: the engine's KV-event batches, by what became of them.
+pub const ENGINE_EVENT_BATCHES: &str = "kvroute_agent_engine_event_batches_total";
+/// Engine mode: engine events and blocks not turned into index entries, by reason.
+pub const ENGINE_EVENTS_NOT_INDEXED: &str = "kvroute_agent_engine_events_not_indexed_total";
 
 /// Installs the Prometheus exporter with its HTTP listener on `addr`
 /// (`GET /metrics`, text format).
@@ -68,6 +75,21 @@ fn describe() {
         "Marginal prefill throughput: prompt tokens per second of step time beyond a decode-only step (moving average)."
     );
     describe_gauge!(DECODE_STEP_SECONDS, "Moving average of one decode-only step.");
+    describe_gauge!(
+        ENGINE_UP,
+        "Engine mode: 1 while the engine beside the agent answers its health and metrics polls."
+    );
+    describe_counter!(
+        ENGINE_EVENT_BATCHES,
+        "Engine mode: the engine's KV-event batches: applied, duplicate (seen before), skipped (lost before the \
+         agent knew anything, or undecodable), and the gaps and engine restarts found in their sequence."
+    );
+    describe_counter!(
+        ENGINE_EVENTS_NOT_INDEXED,
+        "Engine mode: engine events and blocks the gateways' index does not learn, by reason (unknown_parent: \
+         stored before the agent listened; unknown_salt; lora_or_extra_keys; malformed_store; tokenless_unknown; \
+         over_capacity; unknown_removed; unknown_event; other_group)."
+    );
 }
 
 /// Publishes the engine's state (called at every heartbeat).
@@ -89,6 +111,45 @@ pub fn record_engine<E: Executor>(engine: &Engine<E>) {
     gauge!(REQUESTS_RUNNING).set(engine.num_running() as f64);
     gauge!(PREFILL_TOKENS_PER_SECOND).set(stats.prefill_tokens_per_second);
     gauge!(DECODE_STEP_SECONDS).set(stats.decode_step_seconds);
+}
+
+/// Engine mode: the load the agent reports for its engine, and whether the engine answers (every poll).
+pub fn record_external_load(load: &LoadStats, engine_up: bool) {
+    gauge!(ENGINE_UP).set(if engine_up { 1.0 } else { 0.0 });
+    gauge!(KV_BLOCKS_TOTAL).set(load.kv_blocks_total as f64);
+    gauge!(KV_BLOCKS_USED).set(load.kv_blocks_used as f64);
+    gauge!(REQUESTS_WAITING).set(f64::from(load.waiting_requests));
+    gauge!(REQUESTS_RUNNING).set(f64::from(load.running_requests));
+    gauge!(PREFILL_TOKENS_PER_SECOND).set(load.prefill_tokens_per_second);
+    gauge!(DECODE_STEP_SECONDS).set(load.decode_step_seconds);
+}
+
+/// Engine mode: what the event translator has applied and skipped so far.
+pub fn record_engine_events(counters: &Counters) {
+    let batches = [
+        ("applied", counters.batches_applied),
+        ("duplicate", counters.duplicate_batches),
+        ("skipped", counters.batches_skipped),
+        ("gap", counters.gaps),
+        ("restart", counters.restarts),
+    ];
+    for (outcome, value) in batches {
+        counter!(ENGINE_EVENT_BATCHES, "outcome" => outcome).absolute(value);
+    }
+    let not_indexed = [
+        ("unknown_parent", counters.unknown_parent_blocks),
+        ("unknown_salt", counters.unknown_salt_roots),
+        ("lora_or_extra_keys", counters.unindexable_blocks),
+        ("malformed_store", counters.malformed_stores),
+        ("tokenless_unknown", counters.tokenless_unknown_blocks),
+        ("over_capacity", counters.over_capacity_blocks),
+        ("unknown_removed", counters.unknown_removed_blocks),
+        ("unknown_event", counters.unknown_events),
+        ("other_group", counters.other_group_events),
+    ];
+    for (reason, value) in not_indexed {
+        counter!(ENGINE_EVENTS_NOT_INDEXED, "reason" => reason).absolute(value);
+    }
 }
 
 pub fn record_open_streams(streams: usize) {

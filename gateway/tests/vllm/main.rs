@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use kvroute_test_support::services::{AgentProcess, GatewayProcess, PATIENCE};
+use kvroute_test_support::services::{AgentProcess, GatewayProcess, PATIENCE, metric_series, metric_sum};
 use kvroute_test_support::vllm::{self, VllmServer};
 use kvroute_test_support::{http_request, wait_until};
 use serde_json::{Value, json};
@@ -220,6 +220,27 @@ fn evicted_engine_blocks_leave_the_gateways_index() {
     }
     wait_indexed_on(&gateway, &text, &agent, 0);
     assert_eq!(complete(gateway.http, None, &text).1, 0, "the engine agrees: the prompt is computed again");
+    // The agent's own metrics describe its engine: it answers, its pool in kvroute blocks (24 of 128 tokens),
+    // nothing left running, and the event batches it applied, removals included.
+    wait_until("the agent's engine metrics", PATIENCE, || {
+        let series = |name: &str| metric_series(agent.metrics, name);
+        let applied: f64 = series("kvroute_agent_engine_event_batches_total")
+            .iter()
+            .filter(|(labels, _)| labels.contains("outcome=\"applied\""))
+            .map(|(_, value)| value)
+            .sum();
+        let seen = (
+            metric_sum(agent.metrics, "kvroute_agent_engine_up"),
+            metric_sum(agent.metrics, "kvroute_agent_kv_blocks"),
+            metric_sum(agent.metrics, "kvroute_agent_requests_running"),
+        );
+        if seen == (1.0, 24.0 * 8.0, 0.0) && applied >= 6.0 {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}, applied {applied}"))
+        }
+    })
+    .unwrap();
 }
 
 #[test]

@@ -19,6 +19,8 @@ pub mod translate;
 pub mod zmtp;
 
 #[cfg(test)]
+mod sglang_captures;
+#[cfg(test)]
 mod vllm_captures;
 
 pub use decode::{DecodeError, EngineBatch, EngineEvent, EngineKey, decode_batch};

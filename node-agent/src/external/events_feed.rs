@@ -120,6 +120,7 @@ impl Feed {
                 self.translator().skip_to(published.seq.saturating_add(1));
             }
         }
+        crate::metrics::record_engine_events(&self.translator().counters());
     }
 
     /// Applies one live batch, repairing a gap before it and starting a new epoch on a restart.

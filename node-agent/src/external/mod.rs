@@ -41,6 +41,10 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// Failed polls in a row after which the agent reports itself draining (the engine stopped answering).
 pub const FAILED_POLLS_TO_DRAIN: u32 = 3;
 
+/// How long SGLang's `/health` may take: it is answered by its scheduler, which an idle server with
+/// `--sleep-on-idle` wakes once a second.
+pub const SGLANG_HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Longest wait for the engine to answer a completion's head (its queue and any refusal come first).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -256,23 +260,29 @@ impl ExternalEngine {
                     }
                 }
             }
+            let up = !self.inner.engine_down.load(Ordering::Acquire);
+            crate::metrics::record_external_load(&self.ledger().load(!up), up);
             self.publish(Vec::new());
         }
     }
 
     async fn read_gauges(&self) -> Result<engine_metrics::EngineGauges, String> {
         let endpoint = &self.inner.facts.endpoint;
-        let (health, _) = endpoint
-            .call(hyper::Method::GET, "/health", None, POLL_INTERVAL * 4)
-            .await
-            .map_err(|error| error.to_string())?;
+        // SGLang's /health goes through its scheduler, which sleeps up to a second between polls when idle
+        // (--sleep-on-idle); vLLM's answers at once.
+        let health_timeout = match self.inner.facts.kind {
+            EngineKind::Sglang => SGLANG_HEALTH_TIMEOUT,
+            _ => POLL_INTERVAL * 4,
+        };
+        let (health, metrics) = tokio::join!(
+            endpoint.call(hyper::Method::GET, "/health", None, health_timeout),
+            endpoint.call(hyper::Method::GET, "/metrics", None, POLL_INTERVAL * 4),
+        );
+        let (health, _) = health.map_err(|error| format!("/health: {error}"))?;
         if health != 200 {
             return Err(format!("/health answered {health}"));
         }
-        let (status, body) = endpoint
-            .call(hyper::Method::GET, "/metrics", None, POLL_INTERVAL * 4)
-            .await
-            .map_err(|error| error.to_string())?;
+        let (status, body) = metrics.map_err(|error| format!("/metrics: {error}"))?;
         if status != 200 {
             return Err(format!("/metrics answered {status}"));
         }

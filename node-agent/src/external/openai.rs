@@ -120,6 +120,15 @@ pub fn decode_chunk(payload: &str) -> Result<Chunk, GenerateError> {
             Some(_) => Some(FinishReason::Stop),
             None => None,
         };
+        // SGLang streams the stop token it matched (`matched_stop`, its id) as the last id; vLLM leaves
+        // it out, and so does the agent: a stop token is not part of the reply.
+        let matched_stop = choice.get("matched_stop").and_then(Value::as_u64);
+        if chunk.finish_reason == Some(FinishReason::Stop)
+            && matched_stop.is_some()
+            && chunk.token_ids.last().map(|&id| u64::from(id)) == matched_stop
+        {
+            chunk.token_ids.pop();
+        }
     }
     if let Some(usage) = value.get("usage").filter(|usage| !usage.is_null()) {
         let count = |field: &str| usage.get(field).and_then(Value::as_u64).unwrap_or(0).min(u32::MAX as u64) as u32;
@@ -216,6 +225,16 @@ mod tests {
         assert!(decode_chunk("[DONE]").unwrap().done);
         assert!(matches!(decode_chunk("{"), Err(GenerateError::Unavailable(_))));
         assert!(matches!(decode_chunk(r#"{"choices":[{"token_ids":[-1]}]}"#), Err(GenerateError::Unavailable(_))));
+    }
+
+    #[test]
+    fn a_stop_token_sglang_streams_is_not_part_of_the_reply() {
+        let last = r#"{"choices":[{"index":0,"text":"","finish_reason":"stop","matched_stop":2,"token_ids":[2]}]}"#;
+        let chunk = decode_chunk(last).unwrap();
+        assert_eq!((chunk.token_ids, chunk.finish_reason), (vec![], Some(FinishReason::Stop)));
+        // A stop string (SGLang's matched_stop is then the string) keeps the ids.
+        let text = r#"{"choices":[{"index":0,"finish_reason":"stop","matched_stop":"\n","token_ids":[198]}]}"#;
+        assert_eq!(decode_chunk(text).unwrap().token_ids, vec![198]);
     }
 
     #[test]
