@@ -23,32 +23,10 @@ if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.installed" 2>/dev/null)" = "$st
   echo "$venv"
   exit 0
 fi
-python=$(command -v python3 || command -v python || true)
-if [ -z "$python" ]; then
-  echo "sglang: python3 (3.11 to 3.13) is needed for $requirement" >&2
-  exit 1
-fi
-if ! "$python" -c 'import sys; sys.exit(not ((3, 11) <= sys.version_info[:2] < (3, 14)))'; then
-  echo "sglang: $requirement has wheels for python 3.11 to 3.13, $python is $("$python" --version 2>&1)" >&2
-  exit 1
-fi
+python=$("$(dirname "$0")/venv-python.sh" "sglang: $requirement" 3.11 3.14)
 if [ "$(uname -m)" != x86_64 ]; then
   echo "sglang: $requirement has Linux wheels for x86_64 only, this machine is $(uname -m)" >&2
   exit 1
-fi
-if ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "sglang: installing python3-venv" >&2
-    apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
-    if ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
-      echo "sglang: $python still has no venv module after installing python3-venv" >&2
-      exit 1
-    fi
-  else
-    echo "sglang: $python has no venv module: install python3-venv (e.g. sudo apt-get install python3-venv) and rerun" >&2
-    exit 1
-  fi
 fi
 
 rm -rf "$venv"

@@ -17,29 +17,7 @@ if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.installed" 2>/dev/null)" = "$re
   echo "$venv"
   exit 0
 fi
-python=$(command -v python3 || command -v python || true)
-if [ -z "$python" ]; then
-  echo "vllm: python3 (3.11 to 3.14) is needed for $requirement" >&2
-  exit 1
-fi
-if ! "$python" -c 'import sys; sys.exit(not ((3, 11) <= sys.version_info[:2] < (3, 15)))'; then
-  echo "vllm: $requirement needs python 3.11 to 3.14, $python is $("$python" --version 2>&1)" >&2
-  exit 1
-fi
-if ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "vllm: installing python3-venv" >&2
-    apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
-    if ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
-      echo "vllm: $python still has no venv module after installing python3-venv" >&2
-      exit 1
-    fi
-  else
-    echo "vllm: $python has no venv module: install python3-venv (e.g. sudo apt-get install python3-venv) and rerun" >&2
-    exit 1
-  fi
-fi
+python=$("$(dirname "$0")/venv-python.sh" "vllm: $requirement" 3.11 3.15)
 
 rm -rf "$venv"
 mkdir -p "$(dirname "$venv")"

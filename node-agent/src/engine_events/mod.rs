@@ -19,6 +19,8 @@ pub mod translate;
 pub mod zmtp;
 
 #[cfg(test)]
+mod captured;
+#[cfg(test)]
 mod sglang_captures;
 #[cfg(test)]
 mod vllm_captures;

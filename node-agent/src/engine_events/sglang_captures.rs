@@ -10,7 +10,8 @@ use kvroute_proto::block_hash::{BlockHash, BlockHasher};
 use kvroute_proto::domain::{KvEvent, Tier};
 use serde_json::Value;
 
-use super::decode::{EngineEvent, decode_batch};
+use super::captured::stored_tokens;
+use super::decode::decode_batch;
 use super::frames::{self, ReplayReply};
 use super::translate::{Counters, Source, Step, Translator, TranslatorConfig};
 
@@ -76,19 +77,6 @@ fn translate(name: &str, translator: &mut Translator) -> (Vec<Vec<KvEvent>>, BTr
         outputs.push(events);
     }
     (outputs, held, translator.counters())
-}
-
-/// The tokens of the first `BlockStored` of a payload.
-fn stored_tokens(payload: &[u8]) -> Vec<u32> {
-    decode_batch(payload)
-        .unwrap()
-        .events
-        .iter()
-        .find_map(|event| match event {
-            EngineEvent::Stored(stored) => Some(stored.token_ids.clone()),
-            _ => None,
-        })
-        .unwrap()
 }
 
 fn stored(events: &[KvEvent]) -> Vec<BlockHash> {

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use kvroute_proto::block_hash::{BlockHash, BlockHasher};
 use kvroute_proto::domain::{KvEvent, Tier};
 
+use super::captured::stored_tokens;
 use super::decode::{EngineEvent, EngineKey, decode_batch};
 use super::frames::{self, ReplayReply};
 use super::translate::{Source, Step, Translator, TranslatorConfig};
@@ -41,19 +42,6 @@ fn messages(name: &str) -> Vec<(String, Vec<Vec<u8>>)> {
         .collect();
     paths.sort();
     paths.iter().map(|path| (path.file_stem().unwrap().to_string_lossy().into_owned(), message(path))).collect()
-}
-
-/// The tokens of the first `BlockStored` of a payload.
-fn stored_tokens(payload: &[u8]) -> Vec<u32> {
-    let batch = decode_batch(payload).unwrap();
-    batch
-        .events
-        .iter()
-        .find_map(|event| match event {
-            EngineEvent::Stored(stored) => Some(stored.token_ids.clone()),
-            _ => None,
-        })
-        .unwrap()
 }
 
 fn translator() -> Translator {

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, KvEvent, KvEventBatch};
+use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, KvEvent, KvEventBatch, LoadStats};
 use kvroute_proto::pb;
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -133,8 +133,9 @@ impl ExternalEngine {
         self.inner.draining.load(Ordering::Acquire) || self.inner.engine_down.load(Ordering::Acquire)
     }
 
-    /// Hands the publisher `events` and the current load (and the requests closed since the last time).
-    pub fn publish(&self, events: Vec<KvEvent>) {
+    /// Hands the publisher `events` and the current load (and the requests closed since the last time);
+    /// returns that load.
+    pub fn publish(&self, events: Vec<KvEvent>) -> LoadStats {
         let handover = {
             let mut ledger = self.ledger();
             Handover {
@@ -146,7 +147,9 @@ impl ExternalEngine {
                 prefill_tokens_per_second: 0.0,
             }
         };
+        let load = handover.load.clone();
         self.inner.publisher.hand_over(handover);
+        load
     }
 
     /// Starts a new epoch: the engine restarted (or its event stream could not be repaired), so everything
@@ -260,9 +263,8 @@ impl ExternalEngine {
                     }
                 }
             }
-            let up = !self.inner.engine_down.load(Ordering::Acquire);
-            crate::metrics::record_external_load(&self.ledger().load(!up), up);
-            self.publish(Vec::new());
+            let load = self.publish(Vec::new());
+            crate::metrics::record_external_load(&load, !self.inner.engine_down.load(Ordering::Acquire));
         }
     }
 
