@@ -34,6 +34,10 @@ pub const ENGINE_UP: &str = "kvroute_agent_engine_up";
 pub const ENGINE_EVENT_BATCHES: &str = "kvroute_agent_engine_event_batches_total";
 /// Engine mode: engine events and blocks not turned into index entries, by reason.
 pub const ENGINE_EVENTS_NOT_INDEXED: &str = "kvroute_agent_engine_events_not_indexed_total";
+/// Engine mode: engine blocks parked under a salt the agent does not know yet.
+pub const ENGINE_PARKED_BLOCKS: &str = "kvroute_agent_engine_parked_blocks";
+/// Engine mode: parked engine blocks indexed once a request registered their salt.
+pub const ENGINE_UNPARKED_BLOCKS: &str = "kvroute_agent_engine_unparked_blocks_total";
 
 /// Installs the Prometheus exporter with its HTTP listener on `addr`
 /// (`GET /metrics`, text format).
@@ -88,8 +92,14 @@ fn describe() {
         ENGINE_EVENTS_NOT_INDEXED,
         "Engine mode: engine events and blocks the gateways' index does not learn, by reason (unknown_parent: \
          stored before the agent listened; unknown_salt; lora_or_extra_keys; malformed_store; tokenless_unknown; \
-         over_capacity; unknown_removed; unknown_event; other_group)."
+         over_capacity; over_parking_capacity; unknown_removed; unknown_event; other_group)."
     );
+    describe_gauge!(
+        ENGINE_PARKED_BLOCKS,
+        "Engine mode: engine blocks cached under a private scope's salt the agent has not seen since it started \
+         (it restarted beside a running engine); indexed when a request of that scope arrives."
+    );
+    describe_counter!(ENGINE_UNPARKED_BLOCKS, "Engine mode: parked engine blocks indexed once their scope was seen.");
 }
 
 /// Publishes the engine's state (called at every heartbeat).
@@ -124,8 +134,10 @@ pub fn record_external_load(load: &LoadStats, engine_up: bool) {
     gauge!(DECODE_STEP_SECONDS).set(load.decode_step_seconds);
 }
 
-/// Engine mode: what the event translator has applied and skipped so far.
-pub fn record_engine_events(counters: &Counters) {
+/// Engine mode: what the event translator has applied, skipped and parked so far.
+pub fn record_engine_events(counters: &Counters, parked_blocks: usize) {
+    gauge!(ENGINE_PARKED_BLOCKS).set(parked_blocks as f64);
+    counter!(ENGINE_UNPARKED_BLOCKS).absolute(counters.unparked_blocks);
     let batches = [
         ("applied", counters.batches_applied),
         ("duplicate", counters.duplicate_batches),
@@ -143,6 +155,7 @@ pub fn record_engine_events(counters: &Counters) {
         ("malformed_store", counters.malformed_stores),
         ("tokenless_unknown", counters.tokenless_unknown_blocks),
         ("over_capacity", counters.over_capacity_blocks),
+        ("over_parking_capacity", counters.over_parking_capacity_blocks),
         ("unknown_removed", counters.unknown_removed_blocks),
         ("unknown_event", counters.unknown_events),
         ("other_group", counters.other_group_events),

@@ -117,19 +117,20 @@ fn complete(http: SocketAddr, key: Option<&str>, text: &str) -> (u64, u64) {
     (usage["prompt_tokens"].as_u64().unwrap(), usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap())
 }
 
-/// The gateway's explanation of how it would route `text` (/debug/route).
-fn explain(gateway: &GatewayProcess, text: &str) -> Value {
+/// The gateway's explanation of how it would route `text` for `tenant` (/debug/route; a gateway with API
+/// keys needs the tenant).
+fn explain(gateway: &GatewayProcess, tenant: Option<&str>, text: &str) -> Value {
     let auth = format!("Bearer {ADMIN_KEY}");
     let headers = [("Content-Type", "application/json"), ("Authorization", auth.as_str())];
-    let body = json!({"prompt": text}).to_string();
+    let body = json!({"prompt": text, "tenant": tenant}).to_string();
     let response = http_request(gateway.http, "POST", "/debug/route", &headers, body.as_bytes()).unwrap();
     assert_eq!(response.status, 200, "{}", response.text());
     serde_json::from_slice(&response.body).unwrap()
 }
 
 /// Each replica's GPU blocks of `text`'s prefix in the gateway's index, from /debug/route.
-fn indexed_blocks(gateway: &GatewayProcess, text: &str) -> BTreeMap<String, u64> {
-    explain(gateway, text)["candidates"]
+fn indexed_blocks(gateway: &GatewayProcess, tenant: Option<&str>, text: &str) -> BTreeMap<String, u64> {
+    explain(gateway, tenant, text)["candidates"]
         .as_array()
         .unwrap()
         .iter()
@@ -139,11 +140,18 @@ fn indexed_blocks(gateway: &GatewayProcess, text: &str) -> BTreeMap<String, u64>
         .collect()
 }
 
-/// Waits until the gateway's index holds `blocks` of `text`'s blocks on `agent`'s replica.
-fn wait_indexed_on(gateway: &GatewayProcess, text: &str, agent: &AgentProcess, blocks: u64) -> BTreeMap<String, u64> {
+/// Waits until the gateway's index holds `blocks` of `text`'s blocks (in `tenant`'s scope) on `agent`'s
+/// replica.
+fn wait_indexed_on(
+    gateway: &GatewayProcess,
+    tenant: Option<&str>,
+    text: &str,
+    agent: &AgentProcess,
+    blocks: u64,
+) -> BTreeMap<String, u64> {
     let replica = agent.grpc.to_string();
     wait_until(&format!("{blocks} blocks of the prompt indexed on {replica}"), PATIENCE, || {
-        let indexed = indexed_blocks(gateway, text);
+        let indexed = indexed_blocks(gateway, tenant, text);
         if indexed.get(&replica) == Some(&blocks) { Ok(indexed) } else { Err(format!("{indexed:?}")) }
     })
     .unwrap()
@@ -166,7 +174,7 @@ fn a_repeat_reports_the_engines_cached_tokens_and_goes_to_its_holder() {
     assert_eq!(cached, 0, "a new prompt is computed");
     let blocks = full_engine_blocks_as_kvroute(prompt_tokens);
     let holder = wait_until("the prompt's blocks in the index", PATIENCE, || {
-        let indexed = indexed_blocks(&gateway, &text);
+        let indexed = indexed_blocks(&gateway, None, &text);
         match indexed.iter().find(|(_, held)| **held == blocks) {
             Some((replica, _)) if indexed.values().filter(|held| **held > 0).count() == 1 => Ok(replica.clone()),
             _ => Err(format!("{indexed:?}")),
@@ -175,7 +183,7 @@ fn a_repeat_reports_the_engines_cached_tokens_and_goes_to_its_holder() {
     .unwrap();
     // Three repeats: each finds the engine's cache, which only the holder has.
     for repeat in 0..3 {
-        let explained = explain(&gateway, &text);
+        let explained = explain(&gateway, None, &text);
         let (_, cached) = complete(gateway.http, None, &text);
         let retries = gateway.metric("kvroute_gateway_retries_total");
         assert_eq!(
@@ -213,12 +221,12 @@ fn evicted_engine_blocks_leave_the_gateways_index() {
     let text = prompt("evicted", 260);
     let (prompt_tokens, _) = complete(gateway.http, None, &text);
     let blocks = full_engine_blocks_as_kvroute(prompt_tokens);
-    wait_indexed_on(&gateway, &text, &agent, blocks);
+    wait_indexed_on(&gateway, None, &text, &agent, blocks);
     // The engine holds 24 blocks of 128 tokens: four prompts of about 900 tokens push the first one out.
     for filler in 0..4 {
         complete(gateway.http, None, &prompt(&format!("filler {filler} of the eviction test"), 700));
     }
-    wait_indexed_on(&gateway, &text, &agent, 0);
+    wait_indexed_on(&gateway, None, &text, &agent, 0);
     assert_eq!(complete(gateway.http, None, &text).1, 0, "the engine agrees: the prompt is computed again");
     // The agent's own metrics describe its engine: it answers, its pool in kvroute blocks (24 of 128 tokens),
     // nothing left running, and the event batches it applied, removals included.
@@ -245,29 +253,54 @@ fn evicted_engine_blocks_leave_the_gateways_index() {
 
 #[test]
 fn an_engine_restart_and_an_agent_restart_are_both_recovered_from() {
+    const SHARED: &str = "sk-erin-5";
+    const PRIVATE: &str = "sk-dana-4";
     let mut fleet = fleet();
     let mut agent = fleet.agent(0);
-    let gateway = fleet.gateway(&[&agent], &[]);
+    let keys = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(keys.path(), format!("{SHARED} erin global\n{PRIVATE} dana private\n")).unwrap();
+    let gateway = fleet.gateway(&[&agent], &["--api-keys", keys.path().to_str().unwrap()]);
     let text = prompt("restarts", 260);
-    let (prompt_tokens, _) = complete(gateway.http, None, &text);
+    let (prompt_tokens, _) = complete(gateway.http, Some(SHARED), &text);
     let blocks = full_engine_blocks_as_kvroute(prompt_tokens);
-    wait_indexed_on(&gateway, &text, &agent, blocks);
+    wait_indexed_on(&gateway, Some("erin"), &text, &agent, blocks);
 
     // The engine restarts with an empty cache: the replica's index is cleared (a new epoch), and it is
     // routed to again once the engine answers.
     fleet.servers[0].restart();
     fleet.servers[0].wait_ready().unwrap_or_else(|message| panic!("{message}"));
-    wait_indexed_on(&gateway, &text, &agent, 0);
+    wait_indexed_on(&gateway, Some("erin"), &text, &agent, 0);
     gateway.wait_healthy(1, Duration::from_secs(60)).unwrap();
-    assert_eq!(complete(gateway.http, None, &text).1, 0, "the restarted engine computes the prompt");
-    wait_indexed_on(&gateway, &text, &agent, blocks);
+    assert_eq!(complete(gateway.http, Some(SHARED), &text).1, 0, "the restarted engine computes the prompt");
+    wait_indexed_on(&gateway, Some("erin"), &text, &agent, blocks);
+    // A private tenant's prompt, which the engine caches under the tenant's salt.
+    let private = prompt("private restarts", 260);
+    let private_blocks = full_engine_blocks_as_kvroute(complete(gateway.http, Some(PRIVATE), &private).0);
+    assert_eq!(complete(gateway.http, Some(PRIVATE), &private).1, private_blocks * 16);
 
     // The agent restarts beside a running engine: it learns what the engine holds from the engine's replay
     // buffer, and the repeat is a hit.
     agent.restart();
     gateway.wait_healthy(1, Duration::from_secs(60)).unwrap();
-    wait_indexed_on(&gateway, &text, &agent, blocks);
-    assert_eq!(complete(gateway.http, None, &text).1, blocks * 16);
+    wait_indexed_on(&gateway, Some("erin"), &text, &agent, blocks);
+    assert_eq!(complete(gateway.http, Some(SHARED), &text).1, blocks * 16);
+    // The private chain came back under a salt the new agent has not seen: parked, not indexed, until the
+    // tenant's next request registers it; from then on the gateway expects that tenant's hits again.
+    let engine_blocks = (private_blocks * 16 / ENGINE_BLOCK) as f64;
+    wait_until("the private chain parked", PATIENCE, || {
+        let parked = agent.metric("kvroute_agent_engine_parked_blocks");
+        if parked >= engine_blocks { Ok(()) } else { Err(format!("{parked} parked")) }
+    })
+    .unwrap();
+    // The gateway took the new agent's snapshot, without them.
+    wait_indexed_on(&gateway, Some("dana"), &private, &agent, 0);
+    assert_eq!(complete(gateway.http, Some(PRIVATE), &private).1, private_blocks * 16, "the engine kept it");
+    wait_indexed_on(&gateway, Some("dana"), &private, &agent, private_blocks);
+    assert!(agent.metric("kvroute_agent_engine_unparked_blocks_total") >= engine_blocks);
+    let predicted = gateway.metric("kvroute_gateway_predicted_cached_tokens_total");
+    assert_eq!(complete(gateway.http, Some(PRIVATE), &private).1, private_blocks * 16);
+    let predicted = gateway.metric("kvroute_gateway_predicted_cached_tokens_total") - predicted;
+    assert_eq!(predicted, (private_blocks * 16) as f64, "the gateway routed expecting the private hit");
 }
 
 #[test]

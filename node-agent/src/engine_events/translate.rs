@@ -9,9 +9,13 @@
 //!   engine key -> (its kvroute hashes, the chain state after them, the tiers holding it) is what makes
 //!   a child, a removal or a lower tier's copy (sent without tokens) translatable.
 //! - **Scopes.** A chain's scope comes from the salt of its first block (vLLM: a bare string in the
-//!   block's `extra_keys`; SGLang: the event's `cache_salt`). No salt is the global scope; a salt the
-//!   [`SaltRegistry`] does not know (the agent restarted, or a one-off salt) is not indexed, and neither
-//!   is anything below it. A child inherits its parent's scope. LoRA blocks and blocks whose hash covers
+//!   block's `extra_keys`; SGLang: the event's `cache_salt`). No salt is the global scope. A child
+//!   inherits its parent's scope. A kvroute salt ([`SALT_PREFIX`]) the [`SaltRegistry`] does not know
+//!   yet (the agent restarted beside a running engine, or the registry forgot it) is *parked*: the block
+//!   and those below it keep their tokens (at most `max_parked_tokens`) and are indexed, announced as
+//!   new, when a request registers that salt's scope ([`Translator::register_scope`]). Any other unknown
+//!   salt (a one-off salt, a salt of another client) is not indexed, and neither is anything below it.
+//!   A parked block whose parent is gone by then stays unindexed. LoRA blocks and blocks whose hash covers
 //!   more than tokens and the salt (multimodal inputs, prompt embeddings) are not indexed either: their
 //!   kvroute name would claim a plain-token prefix they do not hold.
 //! - **Set semantics.** A tier holds an engine key or not: storing a held key again (vLLM re-announces
@@ -33,13 +37,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
+use std::sync::Arc;
 
 use kvroute_proto::block_hash::{BlockHash, BlockHashMap, ChainKey};
 use kvroute_proto::domain::{KvEvent, Tier};
 use thiserror::Error;
 
 use super::decode::{AllBlocksCleared, BlockRemoved, BlockStored, EngineBatch, EngineEvent, EngineKey, ExtraKey};
-use super::salt::{DEFAULT_SALT_CAPACITY, SaltRegistry};
+use super::salt::{DEFAULT_SALT_CAPACITY, SALT_PREFIX, SaltRegistry};
 
 /// Tokens in one kvroute block.
 pub const KV_BLOCK_TOKENS: u32 = 16;
@@ -47,6 +52,8 @@ pub const KV_BLOCK_TOKENS: u32 = 16;
 pub const RESTART_BELOW: u64 = 4096;
 /// Engine blocks tracked at most by default.
 pub const DEFAULT_MAX_BLOCKS: usize = 1 << 21;
+/// Tokens of parked blocks (under a kvroute salt not registered yet) kept at most by default: 16 MiB.
+pub const DEFAULT_MAX_PARKED_TOKENS: usize = 1 << 22;
 
 /// What a translator is built for.
 #[derive(Clone, Debug)]
@@ -62,6 +69,8 @@ pub struct TranslatorConfig {
     pub max_blocks: usize,
     /// Salts remembered at most.
     pub max_salts: usize,
+    /// Tokens of parked blocks kept at most; blocks beyond are not indexed (counted).
+    pub max_parked_tokens: usize,
 }
 
 impl TranslatorConfig {
@@ -72,6 +81,7 @@ impl TranslatorConfig {
             kv_group: 0,
             max_blocks: DEFAULT_MAX_BLOCKS,
             max_salts: DEFAULT_SALT_CAPACITY,
+            max_parked_tokens: DEFAULT_MAX_PARKED_TOKENS,
         }
     }
 }
@@ -130,8 +140,14 @@ pub struct Counters {
     pub malformed_stores: u64,
     /// Stored blocks whose parent is unknown (stored before the agent listened, or lost).
     pub unknown_parent_blocks: u64,
-    /// Chain roots with a salt the registry does not know.
+    /// Chain roots with a salt the registry does not know and that is not parked.
     pub unknown_salt_roots: u64,
+    /// Blocks parked under a kvroute salt the registry did not know yet.
+    pub parked_blocks: u64,
+    /// Parked blocks indexed once their salt was registered.
+    pub unparked_blocks: u64,
+    /// Blocks under an unregistered kvroute salt not parked because `max_parked_tokens` were.
+    pub over_parking_capacity_blocks: u64,
     /// Blocks not indexed because of LoRA or extra hash keys (multimodal, prompt embeddings).
     pub unindexable_blocks: u64,
     /// Blocks stored without tokens whose engine key is unknown.
@@ -150,9 +166,30 @@ pub struct Translator {
     blocks: HashMap<EngineKey, Entry>,
     /// Per kvroute block, how many held engine blocks of each tier cover it.
     held: BlockHashMap<[u32; 3]>,
+    /// Per salt not registered yet, the keys of the blocks parked under it, in the order parked (a key
+    /// may be stale: its entry is gone or no longer parked).
+    parked: HashMap<Arc<str>, ParkedKeys>,
+    /// Tokens the parked entries keep.
+    parked_tokens: usize,
     next_serial: u64,
     last_seq: Option<u64>,
     counters: Counters,
+}
+
+#[derive(Debug, Default)]
+struct ParkedKeys {
+    keys: Vec<EngineKey>,
+    /// Entries still parked under the salt.
+    live: usize,
+}
+
+/// What [`Translator::register_scope`] gives.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Registered {
+    /// The salt to send to the engine with the request; `None` for the global scope (send none).
+    pub salt: Option<String>,
+    /// Blocks parked under that salt, now indexed: publish them before the engine's next events.
+    pub events: Vec<KvEvent>,
 }
 
 /// One engine block as the translator knows it.
@@ -161,8 +198,10 @@ struct Entry {
     parent: Option<EngineKey>,
     /// Order of first insertion (snapshots list parents first).
     serial: u64,
-    /// `None`: not indexed, and neither is anything below it.
+    /// `None`: not indexed (yet, when parked), and neither is anything below it.
     chain: Option<Chain>,
+    /// Waiting for its salt to be registered.
+    parked: Option<Parked>,
     /// A bit per [`Tier::index`].
     tiers: u8,
 }
@@ -173,13 +212,45 @@ struct Chain {
     end: ChainKey,
 }
 
+impl Chain {
+    /// `tokens` (whole kvroute blocks) continuing the chain at `start`.
+    fn rehash(start: ChainKey, tokens: &[u32]) -> Chain {
+        let mut end = start;
+        let hashes = tokens
+            .chunks_exact(KV_BLOCK_TOKENS as usize)
+            .map(|block| {
+                end = end.next(block);
+                end.block_hash()
+            })
+            .collect();
+        Chain { hashes, end }
+    }
+}
+
+/// A block under a salt not registered yet: what indexing it later needs.
+#[derive(Debug)]
+struct Parked {
+    salt: Arc<str>,
+    tokens: Box<[u32]>,
+}
+
+/// Where a new block's chain starts.
+enum Start {
+    Chain(ChainKey),
+    Park(Arc<str>),
+    /// Not indexed.
+    Skip,
+}
+
 /// What a block continues from.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Parent {
     /// The start of a chain.
     Root,
     /// A known, indexed block whose chain ends here.
     Chain(ChainKey),
+    /// A known block parked under this salt.
+    Parked(Arc<str>),
     /// A known block that is not indexed.
     Unindexed,
     /// Nothing known.
@@ -199,16 +270,20 @@ impl Translator {
             config,
             blocks: HashMap::new(),
             held: BlockHashMap::default(),
+            parked: HashMap::new(),
+            parked_tokens: 0,
             next_serial: 0,
             last_seq: None,
             counters: Counters::default(),
         })
     }
 
-    /// Registers a request's cache scope; returns the salt to send to the engine with it (`None` for the
-    /// global scope: send no salt).
-    pub fn register_scope(&mut self, scope: &[u8]) -> Option<String> {
-        self.salts.register(scope)
+    /// Registers a request's cache scope: the salt to send to the engine with it, and the events of the
+    /// blocks parked under that salt, now indexed.
+    pub fn register_scope(&mut self, scope: &[u8]) -> Registered {
+        let salt = self.salts.register(scope);
+        let events = salt.as_deref().map_or_else(Vec::new, |salt| self.unpark(salt, scope));
+        Registered { salt, events }
     }
 
     /// Registers `salt` as `scope`'s for a salt [`salt_for_scope`](super::salt::salt_for_scope) did not
@@ -231,12 +306,23 @@ impl Translator {
         self.blocks.len()
     }
 
+    /// Engine blocks parked now, waiting for their salt.
+    pub fn parked_blocks(&self) -> usize {
+        self.parked.values().map(|parked| parked.live).sum()
+    }
+
     /// Forgets every engine block and the sequence (the agent restarted the engine, or connects to a
     /// new one). Registered salts stay.
     pub fn reset(&mut self) {
+        self.forget_all();
+        self.last_seq = None;
+    }
+
+    fn forget_all(&mut self) {
         self.blocks.clear();
         self.held.clear();
-        self.last_seq = None;
+        self.parked.clear();
+        self.parked_tokens = 0;
     }
 
     /// Goes on from batch `seq` without the batches before it that never arrived: the next batch
@@ -370,7 +456,7 @@ impl Translator {
                         hold(&mut self.held, tier, &chain.hashes, &mut new_hashes);
                     }
                 }
-                parent = entry.chain.as_ref().map_or(Parent::Unindexed, |chain| Parent::Chain(chain.end));
+                parent = Parent::of(entry);
                 parent_key = Some(key.clone());
                 continue;
             }
@@ -390,72 +476,153 @@ impl Translator {
             }
             let extra = event.extra_keys.as_ref().and_then(|keys| keys.get(index)).and_then(Option::as_deref);
             let start = match parent {
-                Parent::Unknown | Parent::Unindexed => None,
+                Parent::Unknown | Parent::Unindexed => Start::Skip,
                 _ if lora => {
                     self.counters.unindexable_blocks += 1;
-                    None
+                    Start::Skip
                 }
                 Parent::Root => self.root_of(extra, event.cache_salt.as_deref()),
-                Parent::Chain(_) if extra.is_some_and(|keys| !keys.is_empty()) => {
+                Parent::Chain(_) | Parent::Parked(_) if extra.is_some_and(|keys| !keys.is_empty()) => {
                     self.counters.unindexable_blocks += 1;
-                    None
+                    Start::Skip
                 }
-                Parent::Chain(end) => Some(end),
+                Parent::Chain(end) => Start::Chain(end),
+                Parent::Parked(ref salt) => Start::Park(salt.clone()),
             };
-            let chain = start.map(|start| {
-                let tokens = &event.token_ids[index * block_size..(index + 1) * block_size];
-                let mut end = start;
-                let hashes = tokens
-                    .chunks_exact(KV_BLOCK_TOKENS as usize)
-                    .map(|block| {
-                        end = end.next(block);
-                        end.block_hash()
-                    })
-                    .collect();
-                Chain { hashes, end }
-            });
+            let tokens = &event.token_ids[index * block_size..(index + 1) * block_size];
+            let (chain, parked) = match start {
+                Start::Chain(start) => (Some(Chain::rehash(start, tokens)), None),
+                Start::Park(salt) if self.parked_tokens + tokens.len() <= self.config.max_parked_tokens => {
+                    self.park(&salt, key);
+                    self.parked_tokens += tokens.len();
+                    (None, Some(Parked { salt, tokens: tokens.into() }))
+                }
+                Start::Park(_) => {
+                    self.counters.over_parking_capacity_blocks += 1;
+                    (None, None)
+                }
+                Start::Skip => (None, None),
+            };
             if let Some(chain) = &chain {
                 hold(&mut self.held, tier, &chain.hashes, &mut new_hashes);
             }
-            parent = chain.as_ref().map_or(Parent::Unindexed, |chain| Parent::Chain(chain.end));
             let serial = self.next_serial;
             self.next_serial += 1;
-            self.blocks.insert(key.clone(), Entry { parent: parent_key.take(), serial, chain, tiers: bit });
+            let entry = Entry { parent: parent_key.take(), serial, chain, parked, tiers: bit };
+            parent = Parent::of(&entry);
+            self.blocks.insert(key.clone(), entry);
             parent_key = Some(key.clone());
         }
         push_hashes(out, tier, new_hashes, true);
     }
 
     fn parent_of(&self, key: &EngineKey) -> Parent {
-        match self.blocks.get(key) {
-            None => Parent::Unknown,
-            Some(Entry { chain: Some(chain), .. }) => Parent::Chain(chain.end),
-            Some(Entry { chain: None, .. }) => Parent::Unindexed,
-        }
+        self.blocks.get(key).map_or(Parent::Unknown, Parent::of)
     }
 
-    /// The chain start of a root block with these extra keys and event salt; `None` (counted) when it is
-    /// not indexed.
-    fn root_of(&mut self, extra: Option<&[ExtraKey]>, event_salt: Option<&str>) -> Option<ChainKey> {
+    /// Where a root block with these extra keys and event salt starts (counted when it is not indexed).
+    fn root_of(&mut self, extra: Option<&[ExtraKey]>, event_salt: Option<&str>) -> Start {
         let salt = match extra {
             None | Some([]) => event_salt,
             Some([ExtraKey::Text(salt)]) => Some(salt.as_str()),
             Some(_) => {
                 self.counters.unindexable_blocks += 1;
-                return None;
+                return Start::Skip;
             }
         };
         let scope: &[u8] = match salt {
             None => b"",
             Some(salt) => match self.salts.scope(salt) {
                 Some(scope) => scope,
+                None if salt.starts_with(SALT_PREFIX) => {
+                    let salt =
+                        self.parked.get_key_value(salt).map_or_else(|| Arc::from(salt), |(salt, _)| salt.clone());
+                    return Start::Park(salt);
+                }
                 None => {
                     self.counters.unknown_salt_roots += 1;
-                    return None;
+                    return Start::Skip;
                 }
             },
         };
-        Some(ChainKey::root(KV_BLOCK_TOKENS, &self.config.model, scope))
+        Start::Chain(ChainKey::root(KV_BLOCK_TOKENS, &self.config.model, scope))
+    }
+
+    /// Records `key` as parked under `salt`.
+    fn park(&mut self, salt: &Arc<str>, key: &EngineKey) {
+        let parked = self.parked.entry(salt.clone()).or_default();
+        parked.keys.push(key.clone());
+        parked.live += 1;
+        self.counters.parked_blocks += 1;
+    }
+
+    /// Forgets a parked entry that left the engine.
+    fn unpark_gone(&mut self, gone: &Parked) {
+        self.parked_tokens -= gone.tokens.len();
+        let Some(parked) = self.parked.get_mut(&gone.salt) else { return };
+        parked.live -= 1;
+        if parked.live == 0 {
+            self.parked.remove(&gone.salt);
+        } else if parked.keys.len() > 2 * parked.live + 16 {
+            let blocks = &self.blocks;
+            let mut seen = HashSet::new();
+            parked.keys.retain(|key| {
+                let still =
+                    blocks.get(key).and_then(|entry| entry.parked.as_ref()).is_some_and(|p| p.salt == gone.salt);
+                still && seen.insert(key.clone())
+            });
+        }
+    }
+
+    /// Indexes the blocks parked under `salt`, now known as `scope`'s, in the order they were parked (a
+    /// parent before its children): the events announcing them, per tier.
+    fn unpark(&mut self, salt: &str, scope: &[u8]) -> Vec<KvEvent> {
+        let Some(waiting) = self.parked.remove(salt) else { return Vec::new() };
+        let root = ChainKey::root(KV_BLOCK_TOKENS, &self.config.model, scope);
+        let mut new: [Vec<BlockHash>; 3] = Default::default();
+        for key in waiting.keys {
+            let Some(entry) = self.blocks.get(&key) else { continue };
+            if entry.parked.as_ref().is_none_or(|parked| &*parked.salt != salt) {
+                continue;
+            }
+            let start = match &entry.parent {
+                None => Some(root),
+                Some(parent) => self.blocks.get(parent).and_then(|parent| parent.chain.as_ref()).map(|chain| chain.end),
+            };
+            let Some(entry) = self.blocks.get_mut(&key) else { continue };
+            let Some(parked) = entry.parked.take() else { continue };
+            self.parked_tokens -= parked.tokens.len();
+            let Some(start) = start else { continue };
+            let chain = Chain::rehash(start, &parked.tokens);
+            for tier in Tier::ALL {
+                if entry.tiers & tier_bit(tier) != 0 {
+                    hold(&mut self.held, tier, &chain.hashes, &mut new[tier.index()]);
+                }
+            }
+            entry.chain = Some(chain);
+            self.counters.unparked_blocks += 1;
+        }
+        let mut out = Vec::new();
+        for (tier, hashes) in Tier::ALL.into_iter().zip(new) {
+            push_hashes(&mut out, tier, hashes, true);
+        }
+        out
+    }
+
+    /// Rebuilds the parked keys from the entries (after many left at once).
+    fn reindex_parked(&mut self) {
+        self.parked.clear();
+        self.parked_tokens = 0;
+        let mut parked: Vec<(&EngineKey, &Entry)> =
+            self.blocks.iter().filter(|(_, entry)| entry.parked.is_some()).collect();
+        parked.sort_unstable_by_key(|(_, entry)| entry.serial);
+        for (key, entry) in parked {
+            let Some(block) = &entry.parked else { continue };
+            let keys = self.parked.entry(block.salt.clone()).or_default();
+            keys.keys.push(key.clone());
+            keys.live += 1;
+            self.parked_tokens += block.tokens.len();
+        }
     }
 
     fn removed(&mut self, event: &BlockRemoved, out: &mut Vec<KvEvent>) {
@@ -478,8 +645,10 @@ impl Translator {
             if let Some(chain) = &entry.chain {
                 release(&mut self.held, tier, &chain.hashes, &mut gone);
             }
-            if entry.tiers == 0 {
-                self.blocks.remove(key);
+            if entry.tiers == 0
+                && let Some(Entry { parked: Some(parked), .. }) = self.blocks.remove(key)
+            {
+                self.unpark_gone(&parked);
             }
         }
         push_hashes(out, tier, gone, false);
@@ -488,8 +657,7 @@ impl Translator {
     fn cleared(&mut self, event: &AllBlocksCleared, out: &mut Vec<KvEvent>) {
         match event.medium.as_deref() {
             None => {
-                self.blocks.clear();
-                self.held.clear();
+                self.forget_all();
                 out.extend(Tier::ALL.map(|tier| KvEvent::Cleared { tier }));
             }
             Some(medium) => {
@@ -503,8 +671,20 @@ impl Translator {
                     counts[tier.index()] = 0;
                     counts.iter().any(|&count| count > 0)
                 });
+                self.reindex_parked();
                 out.push(KvEvent::Cleared { tier });
             }
+        }
+    }
+}
+
+impl Parent {
+    /// What a block continues from when its parent is `entry`.
+    fn of(entry: &Entry) -> Parent {
+        match (&entry.chain, &entry.parked) {
+            (Some(chain), _) => Parent::Chain(chain.end),
+            (None, Some(parked)) => Parent::Parked(parked.salt.clone()),
+            (None, None) => Parent::Unindexed,
         }
     }
 }
@@ -689,8 +869,8 @@ mod tests {
     fn the_salt_of_the_first_block_gives_the_scope() {
         let prompt = tokens(0..48);
         let mut translator = translator(16);
-        let salt = translator.register_scope(b"t:acme").unwrap();
-        assert_eq!(translator.register_scope(b""), None, "the global scope has no salt");
+        let salt = translator.register_scope(b"t:acme").salt.unwrap();
+        assert_eq!(translator.register_scope(b"").salt, None, "the global scope has no salt");
         let vllm = with(stored(&[1, 2], None, prompt[..32].to_vec(), 16), |stored| {
             stored.extra_keys = Some(vec![Some(vec![ExtraKey::Text(salt.clone())]), None]);
         });
@@ -706,33 +886,96 @@ mod tests {
         assert_eq!(apply(&mut translator, vec![sglang]), vec![gpu_stored(hashes(b"t:acme", &prompt[..16]))]);
     }
 
+    fn salted(keys: &[u64], tokens: Vec<u32>, salt: &str) -> EngineEvent {
+        with(stored(keys, None, tokens, 16), |stored| {
+            stored.extra_keys = Some(
+                std::iter::once(Some(vec![ExtraKey::Text(salt.into())]))
+                    .chain(std::iter::repeat_n(None, keys.len() - 1))
+                    .collect(),
+            );
+        })
+    }
+
     #[test]
     fn unknown_salts_and_what_hangs_below_them_are_not_indexed() {
         let prompt = tokens(0..48);
         let mut translator = translator(16);
-        let salted = |keys: &[u64], salt: &str| {
-            with(stored(keys, None, prompt[..16].to_vec(), 16), |stored| {
-                stored.extra_keys = Some(vec![Some(vec![ExtraKey::Text(salt.into())])]);
-            })
-        };
-        let unregistered = salt_for_scope(b"t:gone").unwrap();
         let out = apply(
             &mut translator,
             vec![
-                salted(&[1], &unregistered),
-                salted(&[2], &crate::engine_events::salt::one_off_salt([7; 16])),
+                salted(&[1], prompt[..16].to_vec(), "another-clients-salt"),
+                salted(&[2], prompt[..16].to_vec(), &crate::engine_events::salt::one_off_salt([7; 16])),
                 stored(&[3], Some(1), prompt[16..32].to_vec(), 16),
                 stored(&[4], Some(3), prompt[32..48].to_vec(), 16),
             ],
         );
         assert_eq!(out, vec![]);
         let counters = translator.counters();
-        assert_eq!(counters.unknown_salt_roots, 2);
+        assert_eq!((counters.unknown_salt_roots, counters.parked_blocks), (2, 0));
         assert_eq!(counters.unknown_parent_blocks, 0, "children of an unindexed block are known, just not indexed");
         // Their removal is quiet too.
         assert_eq!(apply(&mut translator, vec![removed(&[4, 3, 1, 2], None)]), vec![]);
         assert_eq!(translator.counters().unknown_removed_blocks, 0);
         assert_eq!(translator.tracked_blocks(), 0);
+    }
+
+    #[test]
+    fn chains_under_a_kvroute_salt_not_registered_yet_are_indexed_once_it_is() {
+        // The agent restarted beside an engine that still holds a private scope's chain.
+        let prompt = tokens(0..64);
+        let expected = hashes(b"t:acme", &prompt);
+        let salt = salt_for_scope(b"t:acme").unwrap();
+        let mut translator = translator(16);
+        let host_copy = with(stored(&[2], None, Vec::new(), 16), |stored| stored.medium = Some("CPU".into()));
+        let out = apply(
+            &mut translator,
+            vec![salted(&[1, 2], prompt[..32].to_vec(), &salt), stored(&[3], Some(2), prompt[32..48].to_vec(), 16)],
+        );
+        assert_eq!(out, vec![]);
+        assert_eq!(apply(&mut translator, vec![host_copy]), vec![]);
+        // A child parked and gone again before the scope is seen: never announced.
+        assert_eq!(apply(&mut translator, vec![stored(&[4], Some(3), prompt[48..].to_vec(), 16)]), vec![]);
+        assert_eq!(apply(&mut translator, vec![removed(&[4], None)]), vec![]);
+        assert_eq!((translator.counters().parked_blocks, translator.parked_blocks()), (4, 3));
+        assert_eq!(translator.snapshot(), vec![]);
+
+        let registered = translator.register_scope(b"t:acme");
+        assert_eq!(registered.salt.as_deref(), Some(salt.as_str()));
+        let host = KvEvent::Stored { tier: Tier::Host, hashes: vec![expected[1]] };
+        assert_eq!(registered.events, vec![gpu_stored(expected[..3].to_vec()), host.clone()]);
+        assert_eq!(translator.snapshot(), registered.events);
+        assert_eq!((translator.counters().unparked_blocks, translator.parked_blocks()), (3, 0));
+        assert_eq!(translator.register_scope(b"t:acme").events, vec![], "announced once");
+        // Indexed like any other chain from here on: children continue it, removals name it.
+        let out = apply(&mut translator, vec![stored(&[5], Some(3), prompt[48..].to_vec(), 16)]);
+        assert_eq!(out, vec![gpu_stored(vec![expected[3]])]);
+        let out = apply(&mut translator, vec![removed(&[2], Some("CPU"))]);
+        assert_eq!(out, vec![KvEvent::Removed { tier: Tier::Host, hashes: vec![expected[1]] }]);
+        // Another scope's registration unparks nothing of this one.
+        let other = salt_for_scope(b"t:other").unwrap();
+        apply(&mut translator, vec![salted(&[6], tokens(100..116), &other)]);
+        assert_eq!(translator.register_scope(b"t:third").events, vec![]);
+        assert_eq!(
+            translator.register_scope(b"t:other").events,
+            vec![gpu_stored(hashes(b"t:other", &tokens(100..116)))]
+        );
+    }
+
+    #[test]
+    fn parked_tokens_are_bounded_and_forgotten_with_their_blocks() {
+        let config = TranslatorConfig { max_parked_tokens: 32, ..TranslatorConfig::new(MODEL, 16) };
+        let mut translator = Translator::new(config).unwrap();
+        let salt = salt_for_scope(b"t:acme").unwrap();
+        apply(&mut translator, vec![salted(&[1, 2, 3], tokens(0..48), &salt)]);
+        let counters = translator.counters();
+        assert_eq!((counters.parked_blocks, counters.over_parking_capacity_blocks), (2, 1));
+        // The engine clears its cache: nothing parked is left, and the room is free again.
+        apply(&mut translator, vec![EngineEvent::Cleared(AllBlocksCleared::default())]);
+        assert_eq!(translator.parked_blocks(), 0);
+        apply(&mut translator, vec![salted(&[7, 8], tokens(200..232), &salt)]);
+        assert_eq!(translator.parked_blocks(), 2);
+        let out = translator.register_scope(b"t:acme").events;
+        assert_eq!(out, vec![gpu_stored(hashes(b"t:acme", &tokens(200..232)))]);
     }
 
     #[test]
@@ -942,9 +1185,24 @@ mod tests {
     /// The engine side of the property test: blocks keyed as an engine keys them (by parent and tokens).
     #[derive(Clone, Debug)]
     enum Op {
-        Store { parent: usize, len: usize, seed: u32, tier: usize, salt: bool, wide: bool },
-        Copy { block: usize, tier: usize },
-        Remove { block: usize, tier: usize },
+        Store {
+            parent: usize,
+            len: usize,
+            seed: u32,
+            tier: usize,
+            salt: bool,
+            wide: bool,
+        },
+        /// A request of the salted scope arrives (the salt is unknown until the first).
+        Register,
+        Copy {
+            block: usize,
+            tier: usize,
+        },
+        Remove {
+            block: usize,
+            tier: usize,
+        },
         Clear,
     }
 
@@ -955,17 +1213,23 @@ mod tests {
             2 => (0usize..16, 0usize..3).prop_map(|(block, tier)| Op::Copy { block, tier }),
             3 => (0usize..16, 0usize..3).prop_map(|(block, tier)| Op::Remove { block, tier }),
             1 => Just(Op::Clear),
+            1 => Just(Op::Register),
         ]
     }
 
     proptest! {
-        /// Whatever the engine does, the events out, applied to sets, give exactly the snapshot; and every
-        /// hash stored names a prefix that was really stored.
+        /// Whatever the engine does, the events out, applied to sets, give exactly the snapshot; every
+        /// hash stored names a prefix that was really stored; and once the salt is registered, what was
+        /// parked is indexed as if it had been registered all along (unless a parent left meanwhile).
         #[test]
         fn events_and_snapshot_agree(ops in proptest::collection::vec(op(), 1..60)) {
             const MEDIA: [&str; 3] = ["GPU", "CPU", "DISK"];
             let mut translator = translator(16);
-            let salt = translator.register_scope(b"s").unwrap();
+            let mut registered_all_along = self::translator(16);
+            registered_all_along.register_scope(b"s");
+            let any_removal = ops.iter().any(|op| matches!(op, Op::Remove { .. }));
+            // Not registered yet: salted chains are parked until the first Register.
+            let salt = salt_for_scope(b"s").unwrap();
             // Engine blocks known to the test: key -> the whole token prefix up to its end, and its scope.
             let mut blocks: Vec<(u64, Vec<u32>, &[u8])> = Vec::new();
             let mut shadow: [BTreeSet<BlockHash>; 3] = Default::default();
@@ -1003,8 +1267,16 @@ mod tests {
                         None => continue,
                     },
                     Op::Clear => EngineEvent::Cleared(AllBlocksCleared::default()),
+                    Op::Register => EngineEvent::Stored(BlockStored::default()),
                 };
-                for event in apply(&mut translator, vec![event]) {
+                let events = match event {
+                    EngineEvent::Stored(stored) if stored.block_hashes.is_empty() => translator.register_scope(b"s").events,
+                    event => {
+                        apply(&mut registered_all_along, vec![event.clone()]);
+                        apply(&mut translator, vec![event])
+                    }
+                };
+                for event in events {
                     match event {
                         KvEvent::Stored { tier, hashes } => {
                             for hash in hashes {
@@ -1024,7 +1296,21 @@ mod tests {
                 from_snapshot[tier.index()].extend(hashes.iter().copied());
                 prop_assert_eq!(from_snapshot[tier.index()].len(), before + hashes.len(), "a hash listed twice");
             }
-            prop_assert_eq!(from_snapshot, shadow);
+            prop_assert_eq!(&from_snapshot, &shadow);
+            translator.register_scope(b"s");
+            let indexed = |translator: &Translator| translator.snapshot().into_iter().map(|event| match event {
+                KvEvent::Stored { tier, hashes } => (tier, hashes.into_iter().collect::<BTreeSet<_>>()),
+                other => panic!("a snapshot only stores: {other:?}"),
+            }).collect::<Vec<_>>();
+            let (late, all_along) = (indexed(&translator), indexed(&registered_all_along));
+            if any_removal {
+                for (tier, hashes) in &late {
+                    let along = all_along.iter().find(|(other, _)| other == tier).map(|(_, hashes)| hashes);
+                    prop_assert!(along.is_some_and(|along| hashes.is_subset(along)), "late registration indexed more");
+                }
+            } else {
+                prop_assert_eq!(late, all_along);
+            }
         }
     }
 }

@@ -120,21 +120,28 @@ impl Feed {
                 self.translator().skip_to(published.seq.saturating_add(1));
             }
         }
-        crate::metrics::record_engine_events(&self.translator().counters());
+        let translator = self.translator();
+        crate::metrics::record_engine_events(&translator.counters(), translator.parked_blocks());
     }
 
     /// Applies one live batch, repairing a gap before it and starting a new epoch on a restart.
     fn apply(&mut self, seq: u64, batch: &EngineBatch) {
         for _ in 0..3 {
-            let step = self.translator().apply(seq, batch, Source::Live);
-            match step {
-                Step::Events(events) => {
-                    if !events.is_empty() {
-                        self.engine.publish(events);
+            let step = {
+                let mut translator = self.translator();
+                match translator.apply(seq, batch, Source::Live) {
+                    Step::Events(events) => {
+                        // Published under the translator's lock, so events a request unparks stay in order.
+                        if !events.is_empty() {
+                            self.engine.publish(events);
+                        }
+                        return;
                     }
-                    return;
+                    other => other,
                 }
-                Step::Duplicate => return,
+            };
+            match step {
+                Step::Events(_) | Step::Duplicate => return,
                 Step::Restart => {
                     tracing::warn!(seq, "the engine restarted: starting a new epoch");
                     self.engine.new_epoch(crate::run::new_epoch());
@@ -207,13 +214,14 @@ impl Feed {
                 // The replay buffer starts later than asked: at start-up, history before it is gone.
                 translator.skip_to(batch.seq);
             }
-            if let Step::Events(events) = translator.apply(batch.seq, &decoded, Source::Replay) {
-                drop(translator);
-                if !events.is_empty() {
-                    self.engine.publish(events);
-                }
+            if let Step::Events(events) = translator.apply(batch.seq, &decoded, Source::Replay)
+                && !events.is_empty()
+            {
+                self.engine.publish(events);
             }
         }
-        self.translator().last_seq().is_some_and(|last| last.saturating_add(1) == until)
+        let translator = self.translator();
+        crate::metrics::record_engine_events(&translator.counters(), translator.parked_blocks());
+        translator.last_seq().is_some_and(|last| last.saturating_add(1) == until)
     }
 }

@@ -197,7 +197,14 @@ impl ExternalEngine {
             }
             CacheMode::Shared => {
                 let mut translator = self.inner.translator.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                translator.register_scope(&request.cache_scope)
+                let registered = translator.register_scope(&request.cache_scope);
+                if !registered.events.is_empty() {
+                    // Blocks the engine held under this salt before the agent knew it. Published under the
+                    // translator's lock, like the feed's events, so the two stay in order.
+                    self.publish(registered.events);
+                    crate::metrics::record_engine_events(&translator.counters(), translator.parked_blocks());
+                }
+                registered.salt
             }
         }
     }
