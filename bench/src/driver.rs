@@ -65,7 +65,9 @@ pub struct Progress {
 }
 
 struct Run {
-    target: Target,
+    /// Requests go to these in turn (one for a gateway; several for client-side round robin).
+    targets: Vec<Target>,
+    next_target: AtomicUsize,
     limits: Limits,
     begun: Instant,
     progress: Arc<Progress>,
@@ -74,9 +76,23 @@ struct Run {
 }
 
 impl Run {
-    fn new(target: Target, limits: Limits, progress: Arc<Progress>) -> Arc<Run> {
+    fn new(targets: Vec<Target>, limits: Limits, progress: Arc<Progress>) -> Arc<Run> {
+        assert!(!targets.is_empty(), "a run needs a target");
         let gate = limits.concurrency.map(|n| Semaphore::new(n.max(1)));
-        Arc::new(Run { target, limits, begun: Instant::now(), progress, outcomes: Mutex::new(Vec::new()), gate })
+        Arc::new(Run {
+            targets,
+            next_target: AtomicUsize::new(0),
+            limits,
+            begun: Instant::now(),
+            progress,
+            outcomes: Mutex::new(Vec::new()),
+            gate,
+        })
+    }
+
+    /// The target of the next request: each in turn.
+    fn target(&self) -> &Target {
+        &self.targets[self.next_target.fetch_add(1, Ordering::Relaxed) % self.targets.len()]
     }
 
     /// Takes one request from the budget; false once the run is over.
@@ -105,14 +121,15 @@ impl Run {
     }
 }
 
-/// Runs sessions of chat turns; returns every request's outcome and the run's length in seconds.
+/// Runs sessions of chat turns, each request to the next of `targets` in turn; returns every request's
+/// outcome and the run's length in seconds.
 pub async fn run_sessions(
-    target: Target,
+    targets: Vec<Target>,
     sessions: Vec<Session>,
     limits: Limits,
     progress: Arc<Progress>,
 ) -> (Vec<Outcome>, f64) {
-    let run = Run::new(target, limits, progress);
+    let run = Run::new(targets, limits, progress);
     let tasks: Vec<_> = sessions.into_iter().map(|session| tokio::spawn(session_task(run.clone(), session))).collect();
     for task in tasks {
         let _ = task.await;
@@ -142,7 +159,7 @@ async fn session_task(run: Arc<Run>, session: Session) {
         if !session.tools.is_empty() {
             body["tools"] = Value::Array(session.tools.clone());
         }
-        let (outcome, reply) = stream_request(&run.target, "/v1/chat/completions", body).await;
+        let (outcome, reply) = stream_request(run.target(), "/v1/chat/completions", body).await;
         let failed = outcome.error.is_some();
         run.record(outcome).await;
         if failed {
@@ -164,15 +181,15 @@ pub struct TraceScale {
     pub vocab_size: u32,
 }
 
-/// Replays trace requests as token-id completions.
+/// Replays trace requests as token-id completions, each to the next of `targets` in turn.
 pub async fn run_trace(
-    target: Target,
+    targets: Vec<Target>,
     requests: Vec<TraceRequest>,
     scale: TraceScale,
     limits: Limits,
     progress: Arc<Progress>,
 ) -> (Vec<Outcome>, f64) {
-    let run = Run::new(target, limits, progress);
+    let run = Run::new(targets, limits, progress);
     let tasks: Vec<_> = requests
         .into_iter()
         .map(|request| {
@@ -193,7 +210,7 @@ pub async fn run_trace(
                     "stream": true,
                     "stream_options": {"include_usage": true},
                 });
-                let (outcome, _) = stream_request(&run.target, "/v1/completions", body).await;
+                let (outcome, _) = stream_request(run.target(), "/v1/completions", body).await;
                 run.record(outcome).await;
             })
         })

@@ -20,7 +20,8 @@ use kvroute_bench::workload::{WorkloadConfig, WorkloadKind, generate};
 #[derive(Debug, Parser)]
 #[command(name = "kvroute-load", about = "Load generator for kvroute's OpenAI-compatible gateway")]
 struct Args {
-    /// The gateway's HTTP address.
+    /// The gateway's HTTP address; several, comma-separated, send the requests to each in turn (client-side
+    /// round robin, e.g. straight to engine servers).
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     url: String,
     /// Synthetic workload: chat, agent, rag, fewshot or timestamp-top.
@@ -76,9 +77,16 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let mut target = Target::from_url(&args.url).map_err(anyhow::Error::msg)?;
-    target.api_key = args.api_key.clone();
-    target.model = args.model.clone();
+    let targets = args
+        .url
+        .split(',')
+        .map(|url| {
+            let mut target = Target::from_url(url.trim()).map_err(anyhow::Error::msg)?;
+            target.api_key = args.api_key.clone();
+            target.model = args.model.clone();
+            Ok(target)
+        })
+        .collect::<Result<Vec<Target>>>()?;
     let limits = Limits {
         duration: Duration::from_secs(args.duration_secs),
         max_requests: args.max_requests,
@@ -97,7 +105,7 @@ async fn main() -> Result<()> {
             };
             let sessions = generate(*kind, &config);
             let total: usize = sessions.iter().map(|s| s.turns.len()).sum();
-            (total, tokio::spawn(run_sessions(target, sessions, limits, progress.clone())))
+            (total, tokio::spawn(run_sessions(targets, sessions, limits, progress.clone())))
         }
         (None, Some(path)) => {
             if !(args.length_scale > 0.0 && args.length_scale <= 1.0) || args.time_scale < 0.0 {
@@ -106,7 +114,7 @@ async fn main() -> Result<()> {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
             let requests = trace::parse(&text)?;
             let scale = TraceScale { time: args.time_scale, length: args.length_scale, vocab_size: args.vocab_size };
-            (requests.len(), tokio::spawn(run_trace(target, requests, scale, limits, progress.clone())))
+            (requests.len(), tokio::spawn(run_trace(targets, requests, scale, limits, progress.clone())))
         }
         _ => bail!("give --workload NAME or --trace FILE"),
     };

