@@ -68,34 +68,34 @@ for i in $(seq 0 $((replicas - 1))); do
   vllm_urls+=("http://127.0.0.1:$((vllm_base + 3 * i))")
 done
 
-stop_router() {
+# Stops the processes "$@" (which this script started): SIGTERM to each, then waits for each.
+stop_pids() {
   local pid
-  for pid in "${router_pids[@]}"; do
+  for pid in "$@"; do
     kill -TERM "$pid" 2>/dev/null || true
   done
-  for pid in "${router_pids[@]}"; do
+  for pid in "$@"; do
     wait "$pid" 2>/dev/null || true
   done
+}
+stop_router() {
+  stop_pids "${router_pids[@]}"
   router_pids=()
 }
 cleanup() {
   stop_router
-  local pid
-  for pid in "${vllm_pids[@]}"; do
-    kill -TERM "$pid" 2>/dev/null || true
-  done
-  for pid in "${vllm_pids[@]}"; do
-    wait "$pid" 2>/dev/null || true
-  done
+  stop_pids "${vllm_pids[@]}"
 }
 trap cleanup EXIT
 
 # The replicas, started once. --enable-scale-out: vllm-router's kv_aware renders prompts through vLLM's
-# /v1/completions/render, which answers 403 without it. Development mode: POST /reset_prefix_cache.
+# /v1/completions/render, which answers 403 without it. --enable-auto-tool-choice and a tool-call parser:
+# without them vLLM answers 400 to the agent workload's requests, which carry `tools` (kvroute renders them
+# itself and sends token ids). Development mode: POST /reset_prefix_cache.
 for i in $(seq 0 $((replicas - 1))); do
   base=$((vllm_base + 3 * i))
   VLLM_SERVER_DEV_MODE=1 KVROUTE_VLLM_CPUS=$((i % $(nproc))) scripts/tools/vllm-serve.sh "$base" $((base + 1)) $((base + 2)) \
-    --enable-scale-out >"$run_dir/vllm-$i.log" 2>&1 &
+    --enable-scale-out --enable-auto-tool-choice --tool-call-parser hermes >"$run_dir/vllm-$i.log" 2>&1 &
   vllm_pids+=($!)
 done
 for i in $(seq 0 $((replicas - 1))); do
