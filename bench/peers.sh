@@ -15,7 +15,7 @@
 #   bench/peers.sh [--quick] [--workloads "chat agent rag timestamp-top mooncake"] [--repeats N]
 #                  [--configs "direct kvroute:cache_aware ..."] [--sessions N] [--rate R] [--hop-pairs N]
 #                  [--no-build] [--json FILE]
-# --quick: chat only, one repeat, 6 sessions, 8 hop pairs (about 12 minutes with warm caches).
+# --quick: chat only, one repeat, 6 sessions, 8 hop pairs (roughly 10-15 minutes with warm caches; not timed).
 # vLLM and the peer routers are installed into ~/.cache/kvroute on first use (scripts/tools/vllm.sh,
 # scripts/tools/peers.sh). Run it on an otherwise idle machine: it is a measurement, not a test.
 set -euo pipefail
