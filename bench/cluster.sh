@@ -1,4 +1,5 @@
-# Sourced by the bench scripts that drive a local cluster: `start_cluster HTTP_PORT GRPC_PORT LOG [UP.SH ARGS...]`
+# Sourced by the bench scripts that drive a local cluster (and by those that drive vLLM servers, for
+# vllm_finished and vllm_reset_caches): `start_cluster HTTP_PORT GRPC_PORT LOG [UP.SH ARGS...]`
 # starts deploy/local/up.sh (already built binaries) in the background and returns once its gateway is ready,
 # exiting the script if it is not (it waits $cluster_wait_secs, default 120, for the gateway to be ready); `stop_cluster` stops it and every process it started.
 
@@ -24,4 +25,21 @@ stop_cluster() {
     wait "$cluster" 2>/dev/null || true
     cluster=""
   fi
+}
+
+# Requests each vLLM server at the URLs "$@" has finished (its vllm:request_success_total), space-separated.
+vllm_finished() {
+  local url
+  for url in "$@"; do
+    curl -fsS "$url/metrics" | awk '/^vllm:request_success_total\{/ { n += $NF } END { printf "%d ", n }'
+  done
+}
+
+# Empties the prefix caches of the vLLM servers at the URLs "$@" (POST /reset_prefix_cache, one of vLLM's
+# development endpoints: the servers need VLLM_SERVER_DEV_MODE=1).
+vllm_reset_caches() {
+  local url
+  for url in "$@"; do
+    curl -fsS -X POST "$url/reset_prefix_cache" >/dev/null
+  done
 }

@@ -49,6 +49,7 @@ done
 if [ "$build" = 1 ]; then
   cargo build -j"${KVROUTE_BUILD_JOBS:-2}" --release --quiet -p kvroute-gateway -p kvroute-node-agent -p kvroute-bench
 fi
+source bench/cluster.sh
 peers=$(scripts/tools/peers.sh)
 model_dir=$(scripts/tools/smollm2-hf.sh)
 model=SmolLM2-135M-Instruct
@@ -187,21 +188,6 @@ print(json.dumps({"cpu_seconds": round(cpu, 2), "peak_rss_mib": round(peak, 1)})
 PY
 }
 
-reset_caches() {
-  local url
-  for url in "${vllm_urls[@]}"; do
-    curl -fsS -X POST "$url/reset_prefix_cache" >/dev/null
-  done
-}
-
-# Requests each replica has finished, space-separated.
-finished() {
-  local url
-  for url in "${vllm_urls[@]}"; do
-    curl -fsS "$url/metrics" | awk '/^vllm:request_success_total\{/ { n += $NF } END { printf "%d ", n }'
-  done
-}
-
 # The added latency of the router now running: $hop_pairs interleaved pairs, as JSON.
 measure_hop() {
   python3 - "$router_url" "$hop_pairs" "$model" "${vllm_urls[@]}" <<'PY'
@@ -257,7 +243,7 @@ if [ "$hop_pairs" -gt 0 ]; then
   for config in $configs; do
     [ "$config" = direct ] && continue
     start_router "$config"
-    reset_caches
+    vllm_reset_caches "${vllm_urls[@]}"
     echo "== added latency: $config, $hop_pairs pairs" >&2
     hop=$(measure_hop)
     stop_router
@@ -270,12 +256,12 @@ for repeat in $(seq 1 "$repeats"); do
   for workload in $workloads; do
     for config in $configs; do
       start_router "$config"
-      reset_caches
+      vllm_reset_caches "${vllm_urls[@]}"
       echo "== $workload, $config, repeat $repeat" >&2
-      before=$(finished)
+      before=$(vllm_finished "${vllm_urls[@]}")
       # shellcheck disable=SC2046
       report=$(target/release/kvroute-load --url "$router_url" $(load_args "$workload") --model "$model" --seed 7 --json 2>/dev/null)
-      after=$(finished)
+      after=$(vllm_finished "${vllm_urls[@]}")
       cost=$(router_cost)
       stop_router
       runs=$(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); b=[int(x) for x in sys.argv[7].split()]; a=[int(x) for x in sys.argv[8].split()]; r.append({"workload":sys.argv[2],"config":sys.argv[3],"repeat":int(sys.argv[4]),"report":json.loads(sys.argv[5]),"cost":json.loads(sys.argv[6]),"per_replica":[y-x for x,y in zip(b,a)]}); print(json.dumps(r))' \

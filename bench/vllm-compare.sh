@@ -43,6 +43,7 @@ http_port=8190
 rr_port=8191
 # up.sh's vLLM servers listen on 8100, 8103, ...; its agents on 50061, 50062, ...
 vllm_ports=(8100 8103)
+vllm_urls=("http://127.0.0.1:8100" "http://127.0.0.1:8103")
 agents="127.0.0.1:50061,127.0.0.1:50062"
 # POST /reset_prefix_cache is one of vLLM's development endpoints.
 export VLLM_SERVER_DEV_MODE=1
@@ -62,22 +63,6 @@ for _ in $(seq 1 240); do
   sleep 0.5
 done
 curl -fsS "http://127.0.0.1:$rr_port/ready" >/dev/null || { echo "the round_robin gateway is not ready; see .run/vllm-compare-rr-gateway.log" >&2; exit 1; }
-
-# Requests each vLLM server has finished, space-separated.
-finished() {
-  local server
-  for server in "${vllm_ports[@]}"; do
-    curl -fsS "http://127.0.0.1:$server/metrics" |
-      awk '/^vllm:request_success_total\{/ { n += $NF } END { printf "%d ", n }'
-  done
-}
-
-reset_caches() {
-  local server
-  for server in "${vllm_ports[@]}"; do
-    curl -fsS -X POST "http://127.0.0.1:$server/reset_prefix_cache" >/dev/null
-  done
-}
 
 echo "== agent hop: $pairs pairs of 1-token completions of a cached 2,049-token prompt" >&2
 hop=$(python3 - "$http_port" "$pairs" "${vllm_ports[@]}" <<'PY'
@@ -137,12 +122,12 @@ for workload in $workloads; do
     for policy in cache_aware round_robin; do
       gateway_port=$http_port
       [ "$policy" = round_robin ] && gateway_port=$rr_port
-      reset_caches
+      vllm_reset_caches "${vllm_urls[@]}"
       echo "== $workload, $policy, round $round" >&2
-      before=$(finished)
+      before=$(vllm_finished "${vllm_urls[@]}")
       report=$(target/release/kvroute-load --url "http://127.0.0.1:$gateway_port" --workload "$workload" --sessions "$sessions" \
         --turns 4 --rate "$rate" --think-ms 500 --max-tokens 16 --duration-secs 300 --seed 7 --json 2>/dev/null)
-      after=$(finished)
+      after=$(vllm_finished "${vllm_urls[@]}")
       runs=$(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); b=[int(x) for x in sys.argv[6].split()]; a=[int(x) for x in sys.argv[7].split()]; r.append({"workload":sys.argv[2],"policy":sys.argv[3],"round":int(sys.argv[4]),"report":json.loads(sys.argv[5]),"per_replica":[y-x for x,y in zip(b,a)]}); print(json.dumps(r))' \
         "$runs" "$workload" "$policy" "$round" "$report" "$before" "$after")
     done
