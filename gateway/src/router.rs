@@ -155,6 +155,17 @@ impl Router {
     ) -> RoutePlan {
         let views = self.views(pool);
         let (decision, _) = self.decide(hashes, prompt_tokens, &views, true);
+        if tracing::enabled!(target: DECISION_LOG, tracing::Level::DEBUG) {
+            tracing::debug!(
+                target: DECISION_LOG,
+                policy = decision.policy,
+                rule = decision.rule,
+                chosen = ?decision.chosen,
+                prompt_tokens,
+                candidates = %describe_candidates(&decision.candidates),
+                "routing decision"
+            );
+        }
         self.sketch.observe(hashes);
         metrics::record_repeated_prefix_ratio(self.sketch.ratio());
         if let Ok(mut churn) = self.churn.lock()
@@ -243,4 +254,33 @@ impl IndexSink for Router {
             policy.forget_replica(replica);
         }
     }
+}
+
+/// The tracing target of the one debug line per routing decision (`RUST_LOG=kvroute::decision=debug`):
+/// the policy, the rule that chose, and each candidate's matched blocks per tier, predicted TTFT, queue
+/// wait and score. Written only when enabled.
+pub const DECISION_LOG: &str = "kvroute::decision";
+
+/// `replica:gpu/host/network blocks,ttft ms,queue ms,score[,excluded]` for each candidate, `;`-separated.
+fn describe_candidates(candidates: &[CandidateScore]) -> String {
+    candidates
+        .iter()
+        .map(|candidate| {
+            let mut line = format!(
+                "{}:{}/{}/{},{:.1},{:.1},{:.4}",
+                candidate.replica,
+                candidate.gpu_blocks,
+                candidate.host_blocks,
+                candidate.network_blocks,
+                candidate.predicted_ttft_s * 1e3,
+                candidate.prediction.queue_wait_s * 1e3,
+                candidate.policy_score,
+            );
+            if let Some(excluded) = candidate.excluded {
+                line.push_str(&format!(",{excluded:?}"));
+            }
+            line
+        })
+        .collect::<Vec<_>>()
+        .join(";")
 }

@@ -4,3 +4,4 @@
 
 mod load_cluster;
 mod sim;
+mod stub;

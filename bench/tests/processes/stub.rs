@@ -1,0 +1,152 @@
+//! kvroute-stub over loopback: its answers count the prompt's cached blocks as vLLM does (never the whole
+//! prompt), streamed and not, for text, token-id and chat prompts; bad input is a 400 with a JSON error;
+//! and kvroute's engine-mode agent fronts it as it fronts vLLM: the agent's start-up checks pass
+//! (`/v1/models`, `/metrics`, `/tokenize` with the chat template), the stub's KV events reach the
+//! gateway's index, and the gateway predicts exactly the hit the stub then reports.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use kvroute_test_support::services::{AgentProcess, GatewayProcess};
+use kvroute_test_support::{ChildProcess, free_port, http_request, project_binary, vllm};
+use serde_json::{Value, json};
+
+struct StubProcess {
+    process: ChildProcess,
+    http: SocketAddr,
+    events: SocketAddr,
+}
+
+impl StubProcess {
+    fn start(model_dir: &Path) -> StubProcess {
+        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let events: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let mut command = Command::new(project_binary("kvroute-bench", "kvroute-stub"));
+        command.args(["--listen", &http.to_string(), "--kv-events", &events.to_string()]);
+        command.args(["--model-dir", model_dir.to_str().unwrap(), "--model", "stub-model"]);
+        let mut process = ChildProcess::spawn("kvroute-stub", &mut command).unwrap();
+        process.wait_for_tcp(http, Duration::from_secs(30)).unwrap_or_else(|message| panic!("{message}"));
+        StubProcess { process, http, events }
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, String) {
+        let answer =
+            http_request(self.http, "POST", path, &[("content-type", "application/json")], body.to_string().as_bytes())
+                .unwrap();
+        (answer.status, answer.text())
+    }
+
+    fn json(&self, path: &str, body: &Value) -> Value {
+        let (status, text) = self.post(path, body);
+        assert_eq!(status, 200, "{path}: {text}\n{}", self.process.log_tail());
+        serde_json::from_str(&text).unwrap()
+    }
+}
+
+/// A text of about `words` tokens that no other test sends.
+fn text(words: usize, tag: &str) -> String {
+    (0..words).map(|i| format!("{tag}{i}")).collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn the_stub_answers_with_usage_counting_cached_blocks_and_refuses_bad_input() {
+    let stub = StubProcess::start(&vllm::model_dir());
+    let prompt = text(60, "w");
+    let first = stub.json("/v1/completions", &json!({"prompt": prompt, "max_tokens": 3}));
+    let prompt_tokens = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt_tokens > 40, "{first}");
+    assert_eq!(first["usage"]["completion_tokens"], 3, "{first}");
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{first}");
+    assert!(!first["choices"][0]["text"].as_str().unwrap().is_empty(), "{first}");
+
+    // The same prompt again, streamed: every whole block but the one holding the last token is reused.
+    let body = json!({"prompt": prompt, "max_tokens": 3, "stream": true, "stream_options": {"include_usage": true},
+        "return_token_ids": true});
+    let answer = http_request(stub.http, "POST", "/v1/completions", &[], body.to_string().as_bytes()).unwrap();
+    assert_eq!(answer.status, 200);
+    let events = answer.sse_data();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+    let chunks: Vec<Value> =
+        events[..events.len() - 1].iter().map(|data| serde_json::from_str(data).unwrap()).collect();
+    let tokens: Vec<&Value> = chunks.iter().filter_map(|chunk| chunk["choices"][0]["token_ids"].get(0)).collect();
+    assert_eq!(tokens.len(), 3, "{chunks:?}");
+    assert_eq!(chunks[2]["choices"][0]["finish_reason"], "length");
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), (prompt_tokens - 1) / 16 * 16);
+
+    // Token ids hit the same blocks; a chat renders with the template, as /tokenize shows.
+    let ids = stub.json("/tokenize", &json!({"prompt": prompt}))["tokens"].clone();
+    let by_ids = stub.json("/v1/completions", &json!({"prompt": ids, "max_tokens": 1}));
+    assert_eq!(by_ids["usage"]["prompt_tokens"], prompt_tokens);
+    assert!(by_ids["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0, "{by_ids}");
+    let messages = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": prompt}]);
+    let chat = stub.json("/v1/chat/completions", &json!({"messages": messages, "max_tokens": 2}));
+    let rendered = stub.json("/tokenize", &json!({"messages": messages}));
+    assert_eq!(chat["usage"]["prompt_tokens"], rendered["count"], "{chat} {rendered}");
+    assert!(chat["choices"][0]["message"]["content"].is_string(), "{chat}");
+
+    // After a reset nothing is cached.
+    assert_eq!(stub.post("/reset_prefix_cache", &json!({})).0, 200);
+    let after = stub.json("/v1/completions", &json!({"prompt": prompt, "max_tokens": 1}));
+    assert_eq!(after["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{after}");
+
+    for (path, body, says) in [
+        ("/v1/completions", "not json".to_string(), "not JSON"),
+        ("/v1/completions", json!({"max_tokens": 1}).to_string(), "`prompt` is required"),
+        ("/v1/completions", json!({"prompt": [1, 99_999_999]}).to_string(), "not a token id"),
+        ("/v1/completions", json!({"prompt": "hi", "max_tokens": 0}).to_string(), "max_tokens"),
+        ("/v1/completions", json!({"prompt": text(9000, "x")}).to_string(), "context"),
+        ("/v1/chat/completions", json!({"messages": "hi"}).to_string(), "messages"),
+    ] {
+        let answer = http_request(stub.http, "POST", path, &[], body.as_bytes()).unwrap();
+        assert_eq!(answer.status, 400, "{body:.80}: {}", answer.text());
+        let error: Value = serde_json::from_str(&answer.text()).unwrap();
+        assert!(error["error"]["message"].as_str().unwrap().contains(says), "{body:.80}: {error}");
+    }
+    let metrics = http_request(stub.http, "GET", "/metrics", &[], b"").unwrap().text();
+    assert!(metrics.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"65536\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("vllm:request_success_total{finished_reason=\"length\",model_name=\"stub-model\"} 5"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn kvroute_fronts_the_stub_and_learns_its_blocks_from_its_kv_events() {
+    let model_dir = vllm::model_dir();
+    let stub = StubProcess::start(&model_dir);
+    let agent = AgentProcess::start(&[
+        "--engine",
+        "vllm",
+        "--engine-url",
+        &format!("http://{}", stub.http),
+        "--engine-kv-events",
+        &format!("tcp://{}", stub.events),
+        "--model-dir",
+        model_dir.to_str().unwrap(),
+    ]);
+    let tokenizer = model_dir.join("tokenizer.json");
+    let gateway = GatewayProcess::start(&[agent.grpc], &["--tokenizer", tokenizer.to_str().unwrap()]);
+    let complete = |prompt: &str| -> Value {
+        let body = json!({"model": "stub-model", "prompt": prompt, "max_tokens": 2});
+        let answer = http_request(gateway.http, "POST", "/v1/completions", &[], body.to_string().as_bytes()).unwrap();
+        assert_eq!(answer.status, 200, "{}\n{}", answer.text(), stub.process.log_tail());
+        serde_json::from_str(&answer.text()).unwrap()
+    };
+    let prompt = text(120, "k");
+    let first = complete(&prompt);
+    let prompt_tokens = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{first}");
+    gateway.wait_indexed(prompt_tokens / 16).unwrap_or_else(|message| panic!("{message}"));
+
+    let predicted_before = gateway.metric("kvroute_gateway_predicted_cached_tokens_total");
+    let second = complete(&prompt);
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert_eq!(cached, (prompt_tokens - 1) / 16 * 16, "{second}");
+    let predicted = gateway.metric("kvroute_gateway_predicted_cached_tokens_total") - predicted_before;
+    assert_eq!(predicted as u64, cached, "the gateway predicts the hit the stub reports");
+}
