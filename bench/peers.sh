@@ -22,9 +22,10 @@
 #   For kvroute the gateway logs one line per routing decision during the workloads
 #   (.run/peers/router-kvroute-*.log, target kvroute::decision): the evidence for where its requests went.
 #   bench/peers.sh [--backend vllm|stub] [--quick] [--workloads "chat agent rag timestamp-top mooncake"]
-#                  [--repeats N] [--configs "direct kvroute:cache_aware ..."] [--sessions N] [--rate R]
+#                  [--repeats N] [--once "rag ..."] [--configs "direct kvroute:cache_aware ..."] [--sessions N] [--rate R]
 #                  [--hop-pairs N] [--sweep "50 100 ..."] [--sweep-secs S] [--bin-dir DIR] [--no-build]
 #                  [--check] [--json FILE]
+# --once: workloads run in the first repeat only.
 # --quick: chat only, one repeat, 6 sessions, 8 hop pairs, a two-rate sweep on the stub (about 10-15 minutes
 # on vLLM with warm caches, about 2 on the stub; not timed). --bin-dir: where the built gateway, node-agent,
 # kvroute-load and kvroute-stub are (default target/release, built unless --no-build; another directory is
@@ -35,6 +36,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 backend=vllm
+once=""
 workloads="chat agent rag timestamp-top mooncake"
 repeats=3
 configs="direct vllm-router:round_robin vllm-router:cache_aware vllm-router:kv_aware sglang-router:cache_aware sglang-router:round_robin kvroute:cache_aware kvroute:round_robin"
@@ -50,7 +52,7 @@ check=0
 quick=0
 json=""
 usage() {
-  echo "usage: bench/peers.sh [--backend vllm|stub] [--quick] [--workloads LIST] [--repeats N] [--configs LIST] [--sessions N] [--rate R] [--hop-pairs N] [--sweep RATES] [--sweep-secs S] [--bin-dir DIR] [--no-build] [--check] [--json FILE]" >&2
+  echo "usage: bench/peers.sh [--backend vllm|stub] [--quick] [--workloads LIST] [--repeats N] [--once LIST] [--configs LIST] [--sessions N] [--rate R] [--hop-pairs N] [--sweep RATES] [--sweep-secs S] [--bin-dir DIR] [--no-build] [--check] [--json FILE]" >&2
   exit 2
 }
 while [ $# -gt 0 ]; do
@@ -59,6 +61,7 @@ while [ $# -gt 0 ]; do
     --quick) quick=1; workloads="chat"; repeats=1; sessions=6; hop_pairs=8; sweep_secs=2; shift ;;
     --workloads) workloads="$2"; shift 2 ;;
     --repeats) repeats="$2"; shift 2 ;;
+    --once) once="$2"; shift 2 ;;
     --configs) configs="$2"; shift 2 ;;
     --sessions) sessions="$2"; shift 2 ;;
     --rate) rate="$2"; shift 2 ;;
@@ -344,6 +347,9 @@ fi
 runs="[]"
 for repeat in $(seq 1 "$repeats"); do
   for workload in $workloads; do
+    if [ "$repeat" -gt 1 ] && [[ " $once " == *" $workload "* ]]; then
+      continue
+    fi
     for config in $configs; do
       run_label="$workload-$repeat"
       start_router "$config" decisions
