@@ -44,14 +44,15 @@ cleanup() {
 trap cleanup EXIT
 
 # vLLM on core 0 (one OpenMP thread); the built-in engine with one compute thread and a pool that holds
-# every prompt here.
+# every prompt here; its queue-delay refusal is off (a 2,000-token prefill on one thread queues the next
+# request for seconds).
 KVROUTE_VLLM_CPUS=0 scripts/tools/vllm-serve.sh "$vllm_port" $((vllm_port + 1)) $((vllm_port + 2)) >"$run_dir/vllm.log" 2>&1 &
 pids+=($!)
 target/release/node-agent --model "$gguf" --agent-id builtin --listen 127.0.0.1:50481 --compute-threads 1 \
-  --kv-cache-bytes 256MiB >"$run_dir/agent.log" 2>&1 &
+  --kv-cache-bytes 256MiB --max-queue-delay-ms 0 >"$run_dir/agent.log" 2>&1 &
 pids+=($!)
 target/release/gateway --http-addr "127.0.0.1:$gateway_port" --grpc-addr 127.0.0.1:0 --agents 127.0.0.1:50481 \
-  --tokenizer "$model_dir/tokenizer.json" >"$run_dir/gateway.log" 2>&1 &
+  --tokenizer "$gguf" >"$run_dir/gateway.log" 2>&1 &
 pids+=($!)
 for url in "http://127.0.0.1:$vllm_port/health" "http://127.0.0.1:$gateway_port/ready"; do
   for _ in $(seq 1 1200); do
@@ -71,9 +72,15 @@ import json, statistics, sys, threading, time, urllib.request
 repeats, out, model = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 engines = {"kvroute built-in": sys.argv[4], "vLLM-CPU": sys.argv[5]}
 
+def served_model(url):
+    with urllib.request.urlopen(url + "/v1/models", timeout=30) as answer:
+        return json.load(answer)["data"][0]["id"]
+
+models = {url: served_model(url) for url in engines.values()}
+
 def stream(url, prompt, max_tokens):
     """One streamed completion: (ttft s, end to end s, prompt tokens, cached tokens, output tokens)."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    body = {"model": models[url], "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     request = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})

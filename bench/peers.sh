@@ -253,12 +253,26 @@ print(json.dumps({"cpu_seconds": round(cpu, 2), "peak_rss_mib": round(peak, 1)})
 PY
 }
 
-# The added latency of the router now running: $hop_pairs interleaved pairs, as JSON.
+# The added latency of the router now running (configuration $1): $hop_pairs interleaved pairs, as JSON; for
+# kvroute also the mean time of its routing decision (tokenized prompt to ranked replicas, from the gateway's
+# kvroute_gateway_routing_decision_seconds) over the pairs.
 measure_hop() {
-  python3 - "$router_url" "$hop_pairs" "$model" "${vllm_urls[@]}" <<'PY'
+  python3 - "$router_url" "$hop_pairs" "$model" "$1" "${vllm_urls[@]}" <<'PY'
 import json, sys, time, urllib.request
 
-router, pairs, model, direct = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+router, pairs, model, config, direct = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
+
+def decision_totals():
+    """(sum of seconds, count) of the gateway's routing decisions so far; None for other routers."""
+    if not config.startswith("kvroute"):
+        return None
+    totals = {}
+    with urllib.request.urlopen(router[0] + "/metrics", timeout=30) as answer:
+        for line in answer.read().decode().splitlines():
+            for suffix in ("_sum", "_count"):
+                if line.startswith("kvroute_gateway_routing_decision_seconds" + suffix):
+                    totals[suffix] = float(line.split()[-1])
+    return totals.get("_sum", 0.0), totals.get("_count", 0.0)
 
 def post(url, path, body):
     request = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
@@ -273,6 +287,7 @@ body = {"model": model, "prompt": text, "max_tokens": 1, "temperature": 0}
 for url in direct + router * 4:
     post(url, "/v1/completions", body)
 through, straight, prompt_tokens = [], [], 0
+before = decision_totals()
 for i in range(pairs):
     seconds, reply = post(router[i % len(router)], "/v1/completions", body)
     through.append(seconds)
@@ -283,7 +298,11 @@ def pct(values, q):
     values = sorted(values)
     return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 1)
 
-print(json.dumps({"pairs": pairs, "prompt_tokens": prompt_tokens,
+after = decision_totals()
+decision_ms = None
+if before is not None and after[1] > before[1]:
+    decision_ms = round((after[0] - before[0]) / (after[1] - before[1]) * 1000, 3)
+print(json.dumps({"pairs": pairs, "prompt_tokens": prompt_tokens, "decision_mean_ms": decision_ms,
                   "router_p50_ms": pct(through, 0.5), "router_p99_ms": pct(through, 0.99),
                   "direct_p50_ms": pct(straight, 0.5), "direct_p99_ms": pct(straight, 0.99),
                   "added_p50_ms": round(pct(through, 0.5) - pct(straight, 0.5), 1),
@@ -295,7 +314,7 @@ PY
 load_args() {
   case "$1" in
     mooncake)
-      echo "--trace bench/testdata/mooncake_conversation_trace.jsonl --time-scale 0.02 --length-scale 0.05 --max-requests 60 --duration-secs 300"
+      echo "--trace bench/testdata/mooncake_conversation_trace.jsonl --time-scale 0.02 --length-scale 0.05 --max-requests 40 --duration-secs 300"
       ;;
     *)
       echo "--workload $1 --sessions $sessions --turns 4 --rate $rate --think-ms $think_ms --max-tokens 16 --duration-secs 300"
@@ -310,7 +329,7 @@ if [ "$hop_pairs" -gt 0 ]; then
     start_router "$config"
     vllm_reset_caches "${vllm_urls[@]}"
     echo "== added latency: $config, $hop_pairs pairs" >&2
-    hop=$(measure_hop)
+    hop=$(measure_hop "$config")
     stop_router
     hops=$(python3 -c 'import json,sys; h=json.loads(sys.argv[1]); h[sys.argv[2]]=json.loads(sys.argv[3]); print(json.dumps(h))' "$hops" "$config" "$hop")
   done
@@ -378,10 +397,13 @@ if hops:
     any_hop = next(iter(hops.values()))
     print(f"added latency: 1-token completions of a cached {any_hop['prompt_tokens']}-token prompt, through the router "
           f"against straight to a replica, {any_hop['pairs']} interleaved pairs")
-    print(f"  {'router':<26} {'p50 ms':>8} {'p99 ms':>8} {'direct p50':>10} {'direct p99':>10} {'added p50':>9} {'added p99':>9}")
+    print(f"  {'router':<26} {'p50 ms':>8} {'p99 ms':>8} {'direct p50':>10} {'direct p99':>10} {'added p50':>9} "
+          f"{'added p99':>9} {'decision ms':>11}")
     for config, h in hops.items():
+        decision = h.get("decision_mean_ms")
         print(f"  {config:<26} {h['router_p50_ms']:>8} {h['router_p99_ms']:>8} {h['direct_p50_ms']:>10} "
-              f"{h['direct_p99_ms']:>10} {h['added_p50_ms']:>9} {h['added_p99_ms']:>9}")
+              f"{h['direct_p99_ms']:>10} {h['added_p50_ms']:>9} {h['added_p99_ms']:>9} "
+              f"{'-' if decision is None else decision:>11}")
     print()
 for config in configs:
     if config != "direct" and hops and config not in hops:
