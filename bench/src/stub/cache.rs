@@ -80,7 +80,9 @@ impl PrefixCache {
         let reusable = tokens.len().saturating_sub(1) / self.block_size;
         let hits = chain.iter().take(reusable).take_while(|hash| self.last_use.contains_key(hash)).count();
         let stored_from = chain.iter().take_while(|hash| self.last_use.contains_key(hash)).count();
-        for &hash in &chain {
+        // Last block first, so that a prompt's tail is older than its head and is evicted before it, as
+        // vLLM frees a request's blocks: a chain loses its leaves, never a block its cached children need.
+        for &hash in chain.iter().rev() {
             self.touch(hash);
         }
         let mut events = Vec::new();
@@ -216,10 +218,27 @@ mod tests {
         cache.serve(&warm, None);
         let fresh = prompt(2, 2000);
         let served = cache.serve(&fresh, None);
-        assert_eq!(served.events[1], CacheEvent::Removed { hashes: block_hashes(&old, 4, None) });
+        // Tail first, as a request frees its blocks.
+        let old_blocks: Vec<u64> = block_hashes(&old, 4, None).into_iter().rev().collect();
+        assert_eq!(served.events[1], CacheEvent::Removed { hashes: old_blocks });
         assert_eq!(cache.len(), 4);
         assert_eq!(cache.serve(&warm, None).cached_tokens, 4);
         assert_eq!(cache.serve(&old, None).cached_tokens, 0);
+    }
+
+    #[test]
+    fn a_prompt_that_does_not_fit_loses_its_tail_and_keeps_its_head() {
+        let mut cache = PrefixCache::new(4, 3);
+        let first = prompt(2, 0);
+        cache.serve(&first, None);
+        let second = prompt(2, 1000);
+        let served = cache.serve(&second, None);
+        // One block must go: the first prompt's tail, not the head its tail hangs from.
+        let first_hashes = block_hashes(&first, 4, None);
+        assert_eq!(served.events[1], CacheEvent::Removed { hashes: vec![first_hashes[1]] });
+        let mut longer = first.clone();
+        longer.push(7);
+        assert_eq!(cache.serve(&longer, None).cached_tokens, 4, "the head is still reachable");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::broadcast;
 
 /// Batches a subscriber may fall behind by before it loses some.
-const BACKLOG: usize = 4096;
+const BACKLOG: usize = 1024;
 
 /// The sending end; cheap to clone.
 #[derive(Clone, Debug)]
@@ -34,7 +34,11 @@ impl Publisher {
                         let _ = stream.set_nodelay(true);
                         tokio::spawn(subscriber(stream, accepting.sender.subscribe()));
                     }
-                    Err(error) => tracing::warn!(%error, "accepting a KV-event subscriber"),
+                    Err(error) => {
+                        // Out of descriptors, say: do not spin on the machine being measured.
+                        tracing::warn!(%error, "accepting a KV-event subscriber");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    }
                 }
             }
         });

@@ -1,7 +1,7 @@
 //! The stub engine's HTTP API, as much of vLLM's OpenAI-compatible server as routers and kvroute's agent
 //! use: `/v1/completions` and `/v1/chat/completions` (streamed or not; a text, token-id or chat prompt;
 //! usage with the cached prompt tokens), `/v1/models`, `/health`, `/metrics` (vLLM's names: block size and
-//! blocks, requests running and finished, process start time), `/tokenize` (text or a chat, rendered with
+//! blocks, requests finished, process start time; none is ever running or waiting: answers are instant), `/tokenize` (text or a chat, rendered with
 //! the model's template), the render endpoints of vLLM's scale-out mode, and `/reset_prefix_cache`. Every answer is immediate and
 //! canned: the reply is the same tokens for every request, as many as it asks for. Bad input is a 400 with
 //! an OpenAI-shaped JSON error.
@@ -49,7 +49,6 @@ pub struct Stub {
     reply: Vec<(u32, String)>,
     started_unix: f64,
     publisher: Option<Publisher>,
-    running: AtomicU64,
     ids: AtomicU64,
     state: Mutex<Counted>,
 }
@@ -87,7 +86,6 @@ impl Stub {
             reply,
             started_unix,
             publisher,
-            running: AtomicU64::new(0),
             ids: AtomicU64::new(0),
         })
     }
@@ -226,8 +224,10 @@ struct Asked {
 }
 
 fn asked(stub: &Stub, body: &Value, prompt_tokens: usize) -> Result<Asked, Refusal> {
-    let max_tokens = match body.get("max_completion_tokens").or_else(|| body.get("max_tokens")) {
-        None | Some(Value::Null) => DEFAULT_MAX_TOKENS,
+    let asked_tokens =
+        ["max_completion_tokens", "max_tokens"].iter().find_map(|name| body.get(*name).filter(|v| !v.is_null()));
+    let max_tokens = match asked_tokens {
+        None => DEFAULT_MAX_TOKENS,
         Some(value) => {
             value.as_u64().filter(|&n| n >= 1).ok_or_else(|| bad("`max_tokens` is not a positive integer"))?
         }
@@ -236,16 +236,18 @@ fn asked(stub: &Stub, body: &Value, prompt_tokens: usize) -> Result<Asked, Refus
     if prompt_tokens == 0 {
         return Err(bad("the prompt is empty"));
     }
-    if prompt_tokens >= limit {
-        return Err(bad(format!("the prompt has {prompt_tokens} tokens; this model's context is {limit}")));
+    if prompt_tokens as u64 + max_tokens > limit as u64 {
+        return Err(bad(format!(
+            "the prompt has {prompt_tokens} tokens and asks for {max_tokens} more; this model's context is {limit}"
+        )));
     }
     let salt = match body.get("cache_salt") {
         None | Some(Value::Null) => None,
-        Some(Value::String(salt)) => Some(salt.clone()),
-        Some(_) => return Err(bad("`cache_salt` is not a string")),
+        Some(Value::String(salt)) if !salt.is_empty() => Some(salt.clone()),
+        Some(_) => return Err(bad("`cache_salt` is not a non-empty string")),
     };
     Ok(Asked {
-        max_tokens: (max_tokens as usize).min(limit - prompt_tokens),
+        max_tokens: max_tokens as usize,
         stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
         usage_in_stream: body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false),
         token_ids: body.get("return_token_ids").and_then(Value::as_bool).unwrap_or(false),
@@ -268,13 +270,6 @@ async fn chat_completions(State(stub): State<Arc<Stub>>, body: Bytes) -> Respons
 }
 
 fn generate(stub: &Stub, body: &Bytes, api: Api) -> Result<Response, Refusal> {
-    stub.running.fetch_add(1, Ordering::Relaxed);
-    let answer = answer(stub, body, api);
-    stub.running.fetch_sub(1, Ordering::Relaxed);
-    answer
-}
-
-fn answer(stub: &Stub, body: &Bytes, api: Api) -> Result<Response, Refusal> {
     let body = parse_body(body)?;
     let prompt = match api {
         Api::Completion => completion_prompt(stub, &body)?,
@@ -405,7 +400,7 @@ async fn metrics(State(stub): State<Arc<Stub>>) -> Response {
         "# TYPE vllm:cache_config_info gauge\n\
          vllm:cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\"}} 1.0\n\
          # TYPE vllm:num_requests_running gauge\n\
-         vllm:num_requests_running{{model_name=\"{model}\"}} {}\n\
+         vllm:num_requests_running{{model_name=\"{model}\"}} 0.0\n\
          # TYPE vllm:num_requests_waiting gauge\n\
          vllm:num_requests_waiting{{model_name=\"{model}\"}} 0.0\n\
          # TYPE vllm:kv_cache_usage_perc gauge\n\
@@ -418,10 +413,7 @@ async fn metrics(State(stub): State<Arc<Stub>>) -> Response {
          vllm:prefix_cache_hits_total{{model_name=\"{model}\"}} {cached}.0\n\
          # TYPE process_start_time_seconds gauge\n\
          process_start_time_seconds {}\n",
-        config.block_size,
-        config.blocks,
-        stub.running.load(Ordering::Relaxed),
-        stub.started_unix,
+        config.block_size, config.blocks, stub.started_unix,
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

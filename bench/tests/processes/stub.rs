@@ -78,15 +78,27 @@ fn the_stub_answers_with_usage_counting_cached_blocks_and_refuses_bad_input() {
     let usage = &chunks.last().unwrap()["usage"];
     assert_eq!(usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), (prompt_tokens - 1) / 16 * 16);
 
-    // Token ids hit the same blocks; a chat renders with the template, as /tokenize shows.
+    // Token ids hit the same blocks.
     let ids = stub.json("/tokenize", &json!({"prompt": prompt}))["tokens"].clone();
     let by_ids = stub.json("/v1/completions", &json!({"prompt": ids, "max_tokens": 1}));
     assert_eq!(by_ids["usage"]["prompt_tokens"], prompt_tokens);
-    assert!(by_ids["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0, "{by_ids}");
+    assert_eq!(by_ids["usage"]["prompt_tokens_details"], usage["prompt_tokens_details"], "{by_ids}");
+
+    // A prompt of exactly four blocks: the last block is computed again, so three are reused.
+    let blocks: Vec<u32> = (1000..1064).collect();
+    stub.json("/v1/completions", &json!({"prompt": blocks, "max_tokens": 1}));
+    let whole = stub.json("/v1/completions", &json!({"prompt": blocks, "max_tokens": 1}));
+    assert_eq!(whole["usage"]["prompt_tokens_details"]["cached_tokens"], 48, "{whole}");
+
+    // A chat is rendered with the model's template (SmolLM2's is ChatML) and then tokenized.
     let messages = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": prompt}]);
     let chat = stub.json("/v1/chat/completions", &json!({"messages": messages, "max_tokens": 2}));
-    let rendered = stub.json("/tokenize", &json!({"messages": messages}));
-    assert_eq!(chat["usage"]["prompt_tokens"], rendered["count"], "{chat} {rendered}");
+    let chatml = format!(
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let by_hand = stub.json("/tokenize", &json!({"prompt": chatml, "add_special_tokens": false}));
+    assert_eq!(chat["usage"]["prompt_tokens"], by_hand["count"], "{chat} {by_hand}");
+    assert_eq!(stub.json("/tokenize", &json!({"messages": messages}))["tokens"], by_hand["tokens"]);
     assert!(chat["choices"][0]["message"]["content"].is_string(), "{chat}");
 
     // After a reset nothing is cached.
@@ -100,6 +112,7 @@ fn the_stub_answers_with_usage_counting_cached_blocks_and_refuses_bad_input() {
         ("/v1/completions", json!({"prompt": [1, 99_999_999]}).to_string(), "not a token id"),
         ("/v1/completions", json!({"prompt": "hi", "max_tokens": 0}).to_string(), "max_tokens"),
         ("/v1/completions", json!({"prompt": text(9000, "x")}).to_string(), "context"),
+        ("/v1/completions", json!({"prompt": "hi", "cache_salt": ""}).to_string(), "cache_salt"),
         ("/v1/chat/completions", json!({"messages": "hi"}).to_string(), "messages"),
     ] {
         let answer = http_request(stub.http, "POST", path, &[], body.as_bytes()).unwrap();
@@ -110,7 +123,7 @@ fn the_stub_answers_with_usage_counting_cached_blocks_and_refuses_bad_input() {
     let metrics = http_request(stub.http, "GET", "/metrics", &[], b"").unwrap().text();
     assert!(metrics.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"65536\"} 1"), "{metrics}");
     assert!(
-        metrics.contains("vllm:request_success_total{finished_reason=\"length\",model_name=\"stub-model\"} 5"),
+        metrics.contains("vllm:request_success_total{finished_reason=\"length\",model_name=\"stub-model\"} 7.0\n"),
         "{metrics}"
     );
 }
@@ -137,6 +150,23 @@ fn kvroute_fronts_the_stub_and_learns_its_blocks_from_its_kv_events() {
         assert_eq!(answer.status, 200, "{}\n{}", answer.text(), stub.process.log_tail());
         serde_json::from_str(&answer.text()).unwrap()
     };
+    // The agent subscribes to the stub's events on a thread of its own, and a PUB socket keeps nothing for
+    // subscribers that join later: fresh prompts until the gateway's index shows one, then a reset of the
+    // stub's cache, whose event comes after every earlier one: once the index is empty, all have arrived.
+    let mut warm_ups = 0;
+    kvroute_test_support::wait_until("the stub's events indexed by the gateway", Duration::from_secs(60), || {
+        warm_ups += 1;
+        complete(&text(40, &format!("warm{warm_ups}-")));
+        let entries = gateway.metric("kvroute_gateway_index_entries");
+        if entries > 0.0 { Ok(entries) } else { Err("nothing indexed yet".into()) }
+    })
+    .unwrap_or_else(|message| panic!("{message}"));
+    assert_eq!(stub.post("/reset_prefix_cache", &json!({})).0, 200);
+    kvroute_test_support::wait_until("the reset reaching the gateway's index", Duration::from_secs(60), || {
+        let entries = gateway.metric("kvroute_gateway_index_entries");
+        if entries == 0.0 { Ok(()) } else { Err(format!("{entries} entries")) }
+    })
+    .unwrap_or_else(|message| panic!("{message}"));
     let prompt = text(120, "k");
     let first = complete(&prompt);
     let prompt_tokens = first["usage"]["prompt_tokens"].as_u64().unwrap();
