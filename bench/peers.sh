@@ -10,8 +10,8 @@
 #      against straight to a replica, interleaved in pairs, p50 and p99;
 #   2. workloads (kvroute-load, same seed for every configuration): per run the router is started, both
 #      replicas' prefix caches are reset (vLLM's POST /reset_prefix_cache), the workload replayed, the router
-#      stopped; repeats are interleaved (every configuration once, then again) so slow phases of the machine
-#      fall on all alike. Reported: TTFT p50/p90/p99, end-to-end p50, output tokens/s, the cached-prompt
+#      stopped; repeats are interleaved (every configuration once, then again, each repeat starting one
+#      configuration later) so slow phases of the machine fall on all alike. Reported: TTFT p50/p90/p99, end-to-end p50, output tokens/s, the cached-prompt
 #      fraction the engines report, errors by kind, and the router's own CPU seconds and peak RSS (for
 #      kvroute: its gateway and agents together).
 #   3. (--sweep RATES, the default on the stub) each router's added latency under load: kvroute-load's chat
@@ -382,13 +382,23 @@ if [ -n "$sweep" ]; then
   done
 fi
 
+# The configurations of repeat $1, rotated by one a repeat, so that none always runs first or last.
+configs_of_repeat() {
+  local -a list
+  read -r -a list <<<"$configs"
+  local i n=${#list[@]}
+  for ((i = 0; i < n; i++)); do
+    echo "${list[$(((i + $1 - 1) % n))]}"
+  done
+}
+
 runs="[]"
 for repeat in $(seq 1 "$repeats"); do
   for workload in $workloads; do
     if [ "$repeat" -gt 1 ] && [[ " $once " == *" $workload "* ]]; then
       continue
     fi
-    for config in $configs; do
+    for config in $(configs_of_repeat "$repeat"); do
       run_label="$workload-$repeat"
       start_router "$config" decisions
       run_label=""
