@@ -182,6 +182,11 @@ for i in $(seq 0 $((replicas - 1))); do
 done
 echo "== $replicas $backend replicas ready: ${vllm_urls[*]}" >&2
 
+# The JSON object $1 with key $2 set to the JSON value $3.
+json_set() {
+  python3 -c 'import json,sys; o=json.loads(sys.argv[1]); o[sys.argv[2]]=json.loads(sys.argv[3]); print(json.dumps(o))' "$@"
+}
+
 # Starts configuration $1 in front of the replicas; sets router_url (comma-separated URLs for direct). With
 # $2 = decisions, kvroute's gateway logs each routing decision.
 start_router() {
@@ -345,7 +350,7 @@ if [ "$hop_pairs" -gt 0 ]; then
     echo "== added latency: $config, $hop_pairs pairs" >&2
     hop=$(measure_hop "$config")
     stop_router
-    hops=$(python3 -c 'import json,sys; h=json.loads(sys.argv[1]); h[sys.argv[2]]=json.loads(sys.argv[3]); print(json.dumps(h))' "$hops" "$config" "$hop")
+    hops=$(json_set "$hops" "$config" "$hop")
     echo "$hops" >"$run_dir/hops.json"
   done
 fi
@@ -377,7 +382,7 @@ if [ -n "$sweep" ]; then
         "$points" "$rate" "$straight" "$through")
     done
     stop_router
-    sweeps=$(python3 -c 'import json,sys; s=json.loads(sys.argv[1]); s[sys.argv[2]]=json.loads(sys.argv[3]); print(json.dumps(s))' "$sweeps" "$config" "$points")
+    sweeps=$(json_set "$sweeps" "$config" "$points")
     echo "$sweeps" >"$run_dir/sweeps.json"
   done
 fi

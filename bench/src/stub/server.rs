@@ -284,60 +284,58 @@ fn generate(stub: &Stub, body: &Bytes, api: Api) -> Result<Response, Refusal> {
         "total_tokens": prompt.len() + reply.len(),
         "prompt_tokens_details": {"cached_tokens": cached},
     });
-    let (id, object) = match api {
-        Api::Completion => (stub.next_id("cmpl"), "text_completion"),
-        Api::Chat => (stub.next_id("chatcmpl"), "chat.completion"),
+    let (id, object) = match (api, asked.stream) {
+        (Api::Completion, _) => (stub.next_id("cmpl"), "text_completion"),
+        (Api::Chat, false) => (stub.next_id("chatcmpl"), "chat.completion"),
+        (Api::Chat, true) => (stub.next_id("chatcmpl"), "chat.completion.chunk"),
     };
     let created = unix_now() as u64;
     let model = &stub.config.model;
+    let answer =
+        |choices: Value| json!({"id": id, "object": object, "created": created, "model": model, "choices": choices});
+    let ids = |tokens: &[&(u32, String)]| asked.token_ids.then(|| tokens.iter().map(|(id, _)| *id).collect());
     if !asked.stream {
         let text: String = reply.iter().map(|(_, text)| text.as_str()).collect();
-        let mut choice = match api {
-            Api::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}),
-            Api::Chat => {
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
-            }
-        };
-        if asked.token_ids {
-            choice["token_ids"] = json!(reply.iter().map(|(id, _)| id).collect::<Vec<_>>());
-        }
-        let answer = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice], "usage": usage});
-        return Ok(axum::Json(answer).into_response());
+        let mut whole = answer(json!([choice(api, false, &text, ids(&reply), json!("length"))]));
+        whole["usage"] = usage;
+        return Ok(axum::Json(whole).into_response());
     }
-    let object = match api {
-        Api::Completion => "text_completion",
-        Api::Chat => "chat.completion.chunk",
-    };
     let mut stream = String::new();
     let mut push = |chunk: Value| {
         stream.push_str("data: ");
         stream.push_str(&chunk.to_string());
         stream.push_str("\n\n");
     };
-    let chunk =
-        |choices: Value| json!({"id": id, "object": object, "created": created, "model": model, "choices": choices});
     if api == Api::Chat {
-        push(chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}])));
+        push(answer(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}])));
     }
-    for (at, (token, text)) in reply.iter().enumerate() {
+    for (at, piece) in reply.iter().enumerate() {
         let finish = if at + 1 == reply.len() { json!("length") } else { Value::Null };
-        let mut choice = match api {
-            Api::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
-            Api::Chat => json!({"index": 0, "delta": {"content": text}, "finish_reason": finish}),
-        };
-        if asked.token_ids {
-            choice["token_ids"] = json!([token]);
-        }
-        push(chunk(json!([choice])));
+        push(answer(json!([choice(api, true, &piece.1, ids(std::slice::from_ref(piece)), finish)])));
     }
     if asked.usage_in_stream {
-        let mut last = chunk(json!([]));
+        let mut last = answer(json!([]));
         last["usage"] = usage;
         push(last);
     }
     stream.push_str("data: [DONE]\n\n");
     Ok(([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], Body::from(stream))
         .into_response())
+}
+
+/// One choice of an answer: the whole reply, or (`streamed`) one piece of it; with its token ids when asked.
+fn choice(api: Api, streamed: bool, text: &str, token_ids: Option<Vec<u32>>, finish: Value) -> Value {
+    let mut choice = match (api, streamed) {
+        (Api::Completion, _) => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
+        (Api::Chat, false) => {
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish})
+        }
+        (Api::Chat, true) => json!({"index": 0, "delta": {"content": text}, "finish_reason": finish}),
+    };
+    if let Some(ids) = token_ids {
+        choice["token_ids"] = json!(ids);
+    }
+    choice
 }
 
 /// `POST /tokenize`: `{"prompt": text}` or `{"messages": [...]}`, answered as vLLM does.
