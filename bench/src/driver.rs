@@ -181,6 +181,19 @@ pub struct TraceScale {
     pub vocab_size: u32,
 }
 
+/// The trace requests a replay can start: at most `max_requests` of them, in arrival order, and in an open
+/// loop only those whose (scaled) arrival falls inside the run's duration. Only these get a task, so a
+/// replay ends when they have finished rather than when the last request of a long trace would have arrived.
+pub fn trace_requests_to_start(mut requests: Vec<TraceRequest>, time_scale: f64, limits: &Limits) -> Vec<TraceRequest> {
+    requests.sort_by_key(|request| request.timestamp_ms);
+    if limits.concurrency.is_none() {
+        let duration_ms = limits.duration.as_secs_f64() * 1e3;
+        requests.retain(|request| (request.timestamp_ms as f64 * time_scale) < duration_ms);
+    }
+    requests.truncate(limits.max_requests);
+    requests
+}
+
 /// Replays trace requests as token-id completions, each to the next of `targets` in turn.
 pub async fn run_trace(
     targets: Vec<Target>,
@@ -189,6 +202,7 @@ pub async fn run_trace(
     limits: Limits,
     progress: Arc<Progress>,
 ) -> (Vec<Outcome>, f64) {
+    let requests = trace_requests_to_start(requests, scale.time, &limits);
     let run = Run::new(targets, limits, progress);
     let tasks: Vec<_> = requests
         .into_iter()
@@ -326,6 +340,25 @@ mod tests {
         assert!(Target::from_url("https://x:1").is_err());
         assert!(Target::from_url("http://:1").is_err());
         assert!(Target::from_url("http://x:port").is_err());
+    }
+
+    #[test]
+    fn a_replay_starts_only_the_requests_inside_its_duration_and_count() {
+        let at = |timestamp_ms| TraceRequest { timestamp_ms, input_length: 1, output_length: 1, hash_ids: vec![0] };
+        let trace = vec![at(3_000), at(0), at(1_000), at(2_000), at(60_000)];
+        let limits =
+            |secs, max_requests| Limits { duration: Duration::from_secs(secs), max_requests, concurrency: None };
+        let starts = |scale, limits: Limits| -> Vec<u64> {
+            trace_requests_to_start(trace.clone(), scale, &limits).iter().map(|r| r.timestamp_ms).collect()
+        };
+        assert_eq!(starts(1.0, limits(120, 100)), vec![0, 1_000, 2_000, 3_000, 60_000]);
+        assert_eq!(starts(1.0, limits(120, 3)), vec![0, 1_000, 2_000], "the first three by arrival");
+        // At ten times the gaps the last request would arrive after ten minutes: a 5-minute run leaves it out.
+        assert_eq!(starts(10.0, limits(300, 100)), vec![0, 1_000, 2_000, 3_000]);
+        assert_eq!(starts(10.0, limits(25, 100)), vec![0, 1_000, 2_000], "30 s is past a 25 s run");
+        // A closed loop starts requests as others finish, whatever their timestamps.
+        let closed = Limits { concurrency: Some(2), ..limits(25, 100) };
+        assert_eq!(starts(10.0, closed).len(), 5);
     }
 
     #[test]
