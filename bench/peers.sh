@@ -24,10 +24,11 @@
 #   bench/peers.sh [--backend vllm|stub] [--quick] [--workloads "chat agent rag timestamp-top mooncake"]
 #                  [--repeats N] [--once "rag ..."] [--configs "direct kvroute:cache_aware ..."] [--sessions N] [--rate R]
 #                  [--hop-pairs N] [--sweep "50 100 ..."] [--sweep-secs S] [--bin-dir DIR] [--no-build]
-#                  [--check] [--report-only] [--json FILE]
+#                  [--check] [--report-only] [--resume] [--json FILE]
 # --once: workloads run in the first repeat only.
 # --report-only: start nothing, print the report of what the last run saved in .run/peers (each run's results
-# are saved as it ends, so an interrupted run still reports what it measured).
+# are saved as it ends, so an interrupted run still reports what it measured). --resume: go on with the last
+# run saved in .run/peers (same backend), skipping every hop, sweep and workload run it already has.
 # --quick: chat only, one repeat, 6 sessions, 8 hop pairs, a two-rate sweep on the stub (about 10-15 minutes
 # on vLLM with warm caches, about 2 on the stub; not timed). --bin-dir: where the built gateway, node-agent,
 # kvroute-load and kvroute-stub are (default target/release, built unless --no-build; another directory is
@@ -52,10 +53,11 @@ bin_dir=""
 build=1
 check=0
 report_only=0
+resume=0
 quick=0
 json=""
 usage() {
-  echo "usage: bench/peers.sh [--backend vllm|stub] [--quick] [--workloads LIST] [--repeats N] [--once LIST] [--configs LIST] [--sessions N] [--rate R] [--hop-pairs N] [--sweep RATES] [--sweep-secs S] [--bin-dir DIR] [--no-build] [--check] [--report-only] [--json FILE]" >&2
+  echo "usage: bench/peers.sh [--backend vllm|stub] [--quick] [--workloads LIST] [--repeats N] [--once LIST] [--configs LIST] [--sessions N] [--rate R] [--hop-pairs N] [--sweep RATES] [--sweep-secs S] [--bin-dir DIR] [--no-build] [--check] [--report-only] [--resume] [--json FILE]" >&2
   exit 2
 }
 while [ $# -gt 0 ]; do
@@ -75,6 +77,7 @@ while [ $# -gt 0 ]; do
     --no-build) build=0; shift ;;
     --check) check=1; shift ;;
     --report-only) report_only=1; shift ;;
+    --resume) resume=1; shift ;;
     --json) json="$2"; shift 2 ;;
     *) usage ;;
   esac
@@ -94,11 +97,13 @@ if [ "$sweep" = default ]; then
 fi
 sweep=$(tr ' ' '\n' <<<"$sweep" | sed '/^$/d' | sort -g | tr '\n' ' ')
 run_dir=.run/peers
+# What the last run saved as $1 in $run_dir, or $2.
+saved() { cat "$run_dir/$1" 2>/dev/null || echo "$2"; }
 if [ "$report_only" = 1 ]; then
-  hops=$(cat "$run_dir/hops.json" 2>/dev/null || echo '{}')
-  sweeps=$(cat "$run_dir/sweeps.json" 2>/dev/null || echo '{}')
-  runs=$(cat "$run_dir/runs.json" 2>/dev/null || echo '[]')
-  backend=$(cat "$run_dir/backend" 2>/dev/null || echo "$backend")
+  hops=$(saved hops.json '{}')
+  sweeps=$(saved sweeps.json '{}')
+  runs=$(saved runs.json '[]')
+  backend=$(saved backend "$backend")
 else
 if [ -z "$bin_dir" ]; then
   bin_dir=target/release
@@ -114,9 +119,13 @@ peers=$(scripts/tools/peers.sh)
 model_dir=$(scripts/tools/smollm2-hf.sh)
 model=SmolLM2-135M-Instruct
 mkdir -p .run
-rm -rf "$run_dir"
-mkdir -p "$run_dir"
-echo "$backend" >"$run_dir/backend"
+if [ "$resume" = 1 ]; then
+  [ "$(saved backend none)" = "$backend" ] || { echo "--resume: $run_dir holds no $backend run" >&2; exit 1; }
+else
+  rm -rf "$run_dir"
+  mkdir -p "$run_dir"
+  echo "$backend" >"$run_dir/backend"
+fi
 
 replicas=2
 # Replica i serves HTTP on vllm_base + 3i, its KV events on the next port and (vLLM) its replay socket on
@@ -331,7 +340,7 @@ PY
 load_args() {
   case "$1" in
     mooncake)
-      echo "--trace bench/testdata/mooncake_conversation_trace.jsonl --time-scale 0.02 --length-scale 0.05 --max-requests 40 --duration-secs 300"
+      echo "--trace bench/testdata/mooncake_conversation_trace.jsonl --time-scale 10 --length-scale 0.05 --max-requests 24 --duration-secs 300"
       ;;
     *)
       echo "--workload $1 --sessions $sessions --turns 4 --rate $rate --think-ms $think_ms --max-tokens 16 --duration-secs 300"
@@ -339,10 +348,13 @@ load_args() {
   esac
 }
 
-hops="{}"
+hops=$(saved hops.json '{}')
+# Whether the JSON object $1 has the key $2.
+has_key() { python3 -c 'import json,sys; sys.exit(0 if sys.argv[2] in json.loads(sys.argv[1]) else 1)' "$1" "$2"; }
 if [ "$hop_pairs" -gt 0 ]; then
   for config in $configs; do
     [ "$config" = direct ] && continue
+    has_key "$hops" "$config" && continue
     run_label=hop
     start_router "$config"
     run_label=""
@@ -364,11 +376,12 @@ sweep_load() {
     2>>"$run_dir/sweep-load.log" || { echo "kvroute-load failed at $rate requests/s against $url; see $run_dir/sweep-load.log" >&2; exit 1; }
 }
 
-sweeps="{}"
+sweeps=$(saved sweeps.json '{}')
 if [ -n "$sweep" ]; then
   direct_url=$(IFS=,; echo "${vllm_urls[*]}")
   for config in $configs; do
     [ "$config" = direct ] && continue
+    has_key "$sweeps" "$config" && continue
     run_label=sweep
     start_router "$config"
     run_label=""
@@ -397,13 +410,15 @@ configs_of_repeat() {
   done
 }
 
-runs="[]"
+runs=$(saved runs.json '[]')
 for repeat in $(seq 1 "$repeats"); do
   for workload in $workloads; do
     if [ "$repeat" -gt 1 ] && [[ " $once " == *" $workload "* ]]; then
       continue
     fi
     for config in $(configs_of_repeat "$repeat"); do
+      python3 -c 'import json,sys; sys.exit(0 if any((r["workload"], r["config"], r["repeat"]) == (sys.argv[2], sys.argv[3], int(sys.argv[4])) for r in json.loads(sys.argv[1])) else 1)' \
+        "$runs" "$workload" "$config" "$repeat" && continue
       run_label="$workload-$repeat"
       start_router "$config" decisions
       run_label=""
