@@ -1,21 +1,37 @@
-//! A small HTTP/1.1 client for the engine server beside the agent: one connection per call (the engine is
-//! on loopback or in the same pod), JSON bodies, and streamed responses read frame by frame.
+//! A small HTTP/1.1 client for the engine server beside the agent (on loopback or in the same pod): JSON
+//! bodies, streamed responses read frame by frame, and idle connections kept for the next call, so that a
+//! busy agent neither pays a TCP handshake per request nor leaves a socket in TIME_WAIT for each one.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 
-/// Where the engine's HTTP API is: `http://host:port[/base]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// How long an idle connection to the engine is kept: below the 5 s after which uvicorn (vLLM's and
+/// SGLang's server) closes one, so that a call rarely meets a connection the server is closing.
+const IDLE_CONNECTION: Duration = Duration::from_secs(2);
+
+/// Where the engine's HTTP API is: `http://host:port[/base]`, and the connections kept to it.
+#[derive(Clone, Debug)]
 pub struct Endpoint {
     /// `host:port`, as connected to and sent in `Host`.
     pub authority: String,
     /// Path prefix without a trailing slash ("" for none).
     pub base: String,
+    client: Client<HttpConnector, Full<Bytes>>,
 }
+
+impl PartialEq for Endpoint {
+    fn eq(&self, other: &Endpoint) -> bool {
+        self.authority == other.authority && self.base == other.base
+    }
+}
+
+impl Eq for Endpoint {}
 
 /// Why a call to the engine failed before it answered.
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +56,10 @@ impl Endpoint {
         if host.is_empty() || port.parse::<u16>().is_err() {
             return Err(format!("{url:?} is not http://host:port"));
         }
-        Ok(Endpoint { authority: authority.to_string(), base: base.to_string() })
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(IDLE_CONNECTION).build(connector);
+        Ok(Endpoint { authority: authority.to_string(), base: base.to_string(), client })
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -55,29 +74,20 @@ impl Endpoint {
         json: Option<&serde_json::Value>,
         timeout: Duration,
     ) -> Result<hyper::Response<Incoming>, HttpError> {
-        let call = async {
-            let stream = tokio::net::TcpStream::connect(&self.authority)
-                .await
-                .map_err(|error| HttpError::Connect(self.authority.clone(), error))?;
-            let _ = stream.set_nodelay(true);
-            let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|error| HttpError::Protocol(error.to_string()))?;
-            tokio::spawn(async move {
-                let _ = connection.await;
-            });
-            let body = json.map(|value| Bytes::from(value.to_string())).unwrap_or_default();
-            let mut request = hyper::Request::builder()
-                .method(method)
-                .uri(format!("{}{}", self.base, path))
-                .header(hyper::header::HOST, &self.authority);
-            if json.is_some() {
-                request = request.header(hyper::header::CONTENT_TYPE, "application/json");
+        let body = json.map(|value| Bytes::from(value.to_string())).unwrap_or_default();
+        let mut request = hyper::Request::builder().method(method).uri(self.url(path));
+        if json.is_some() {
+            request = request.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
+        let request = request.body(Full::new(body)).map_err(|error| HttpError::Protocol(error.to_string()))?;
+        match tokio::time::timeout(timeout, self.client.request(request)).await {
+            Err(_) => Err(HttpError::Timeout(timeout)),
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(error)) if error.is_connect() => {
+                Err(HttpError::Connect(self.authority.clone(), std::io::Error::other(causes(&error))))
             }
-            let request = request.body(Full::new(body)).map_err(|error| HttpError::Protocol(error.to_string()))?;
-            sender.send_request(request).await.map_err(|error| HttpError::Protocol(error.to_string()))
-        };
-        tokio::time::timeout(timeout, call).await.map_err(|_| HttpError::Timeout(timeout))?
+            Ok(Err(error)) => Err(HttpError::Protocol(causes(&error))),
+        }
     }
 
     /// A whole (small) response: its status and body, read within `timeout`.
@@ -121,6 +131,18 @@ pub async fn next_chunk(body: &mut Incoming) -> Option<Result<Bytes, String>> {
     }
 }
 
+/// An error and its causes, `: `-separated (the client's own message only says which stage failed).
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// At most `limit` characters of `body`, for error messages.
 pub fn lossy(body: &[u8], limit: usize) -> String {
     String::from_utf8_lossy(body).chars().take(limit).collect()
@@ -133,7 +155,7 @@ mod tests {
     #[test]
     fn endpoints_parse_with_and_without_a_base_path() {
         let plain = Endpoint::parse("http://127.0.0.1:8000").unwrap();
-        assert_eq!(plain, Endpoint { authority: "127.0.0.1:8000".into(), base: String::new() });
+        assert_eq!((plain.authority.as_str(), plain.base.as_str()), ("127.0.0.1:8000", ""));
         assert_eq!(plain.url("/v1/models"), "http://127.0.0.1:8000/v1/models");
         let based = Endpoint::parse("http://vllm.local:80/engine/").unwrap();
         assert_eq!(based.base, "/engine");
