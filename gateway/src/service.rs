@@ -30,13 +30,7 @@ pub struct GenerateSpec {
     pub stop: Vec<String>,
 }
 
-/// Token accounting of one request.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub prompt_tokens: u32,
-    pub completion_tokens: u32,
-    pub cached_tokens: u32,
-}
+pub use kvroute_proto::domain::Usage;
 
 /// What a caller receives, in order: deltas, then one `Finished`.
 #[derive(Clone, Debug, PartialEq)]
@@ -261,7 +255,7 @@ impl Gateway {
             match self.start_on(replica, &request, uncached).await {
                 Ok((first, upstream)) => {
                     let (sender, receiver) = mpsc::channel(64);
-                    let stream = TextStream::new(&self.tokenizer, &spec, self.config.inter_token_timeout);
+                    let stream = TextStream::new(&self.tokenizer, &spec, self.config.inter_token_timeout, replica);
                     tokio::spawn(stream.run(first, upstream, sender));
                     return Ok(receiver);
                 }
@@ -358,10 +352,17 @@ struct TextStream {
     completion_tokens: u32,
     cached_tokens: u32,
     inter_token_timeout: Duration,
+    /// The replica streaming the reply (for the log line when it breaks off).
+    replica: ReplicaId,
 }
 
 impl TextStream {
-    fn new(tokenizer: &Arc<Tokenizer>, spec: &GenerateSpec, inter_token_timeout: Duration) -> TextStream {
+    fn new(
+        tokenizer: &Arc<Tokenizer>,
+        spec: &GenerateSpec,
+        inter_token_timeout: Duration,
+        replica: ReplicaId,
+    ) -> TextStream {
         TextStream {
             tokenizer: tokenizer.clone(),
             detokenizer: Detokenizer::new(tokenizer),
@@ -371,6 +372,7 @@ impl TextStream {
             completion_tokens: 0,
             cached_tokens: 0,
             inter_token_timeout,
+            replica,
         }
     }
 
@@ -387,25 +389,19 @@ impl TextStream {
             if finished || sender.is_closed() {
                 return;
             }
-            message = match tokio::time::timeout(self.inter_token_timeout, upstream.message()).await {
-                Ok(Ok(Some(message))) => message,
-                Ok(Ok(None)) => {
-                    let error = ServiceError::Interrupted("the replica ended the stream early".into());
-                    let _ = sender.send(Err(error)).await;
-                    return;
+            let reason = match tokio::time::timeout(self.inter_token_timeout, upstream.message()).await {
+                Ok(Ok(Some(next))) => {
+                    message = next;
+                    continue;
                 }
-                Ok(Err(status)) => {
-                    let error =
-                        ServiceError::Interrupted(format!("the replica failed mid-stream: {}", status.message()));
-                    let _ = sender.send(Err(error)).await;
-                    return;
-                }
-                Err(_) => {
-                    let error = ServiceError::Interrupted("the replica stopped sending tokens".into());
-                    let _ = sender.send(Err(error)).await;
-                    return;
-                }
+                Ok(Ok(None)) => "the replica ended the stream early".to_string(),
+                Ok(Err(status)) => format!("the replica failed mid-stream: {}", status.message()),
+                Err(_) => format!("the replica sent no token for {:?}", self.inter_token_timeout),
             };
+            // The client sees an error event; the operator sees why, and on which replica.
+            tracing::warn!(replica = self.replica, tokens = self.completion_tokens, "stream interrupted: {reason}");
+            let _ = sender.send(Err(ServiceError::Interrupted(reason))).await;
+            return;
         }
     }
 
