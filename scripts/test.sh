@@ -43,6 +43,9 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 took "fmt"
 
+echo "== the synchronous core imports no async shell, metrics recorder or clock"
+scripts/check-core-boundary.sh
+
 echo "== cargo clippy"
 cargo clippy -j"$jobs" --workspace --all-targets --quiet -- -D warnings
 took "clippy"

@@ -16,8 +16,8 @@ use crate::token_cache::{LruTokenCache, TokenRunCache};
 
 mod layout;
 
-/// The default cache size of a renderer, in tokens.
-const DEFAULT_CACHE_TOKENS: usize = 1 << 20;
+/// The default cache size of a renderer, in tokens (the gateway's).
+const DEFAULT_CACHE_TOKENS: usize = 4 << 20;
 
 /// Renders conversations to text and tokens, deterministically.
 pub struct ChatRenderer {

@@ -5,11 +5,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use kvroute_proto::DEFAULT_BLOCK_SIZE;
 
 use crate::request_checks::{DEFAULT_MAX_MESSAGES, Limits};
 use crate::routing::index::MAX_REPLICAS;
-use crate::routing::{IndexConfig, PolicyKind};
+use crate::routing::{DEFAULT_PENDING_TTL_MS, IndexConfig, PolicyKind};
 use crate::service::ServiceConfig;
+use crate::upstream::PoolConfig;
 
 /// A secret from the command line or the environment, kept out of `Debug` output and logs.
 #[derive(Clone, PartialEq, Eq)]
@@ -55,7 +57,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "builtin")]
     pub tokenizer: String,
     /// Tokens per KV block; replicas with another block size are refused.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub block_size: u32,
     /// Routing policy.
     #[arg(long, default_value = "cache_aware", value_parser = parse_policy)]
@@ -95,10 +97,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = IndexConfig::default().max_replicas, value_parser = parse_max_replicas)]
     pub index_max_replicas: usize,
     /// A replica whose event stream is quiet this long is unhealthy (milliseconds).
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = PoolConfig::default().heartbeat_timeout.as_millis() as u64)]
     pub heartbeat_timeout_ms: u64,
     /// How long routed blocks count as pending on their replica (milliseconds).
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = DEFAULT_PENDING_TTL_MS)]
     pub pending_ttl_ms: u64,
     /// Longest wait for a replica's first token before the request moves to the next replica (milliseconds);
     /// the abandoned attempt's work is dropped by that replica at its next step.

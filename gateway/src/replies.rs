@@ -9,9 +9,9 @@
 //! string, or ending in an end-of-turn token, keeps the longest prefix of its ids that spells the text,
 //! or nothing when the text ends inside a token (its next turn is then tokenized from text).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use crate::chat::{LruTokenCache, TokenRunCache};
 use crate::tokenizer::Tokenizer;
 
 /// The shortest prefix of `ids` whose bytes are exactly `text` (with the gateway's tokenizer), or
@@ -35,23 +35,14 @@ pub fn exact_ids<'a>(tokenizer: &Tokenizer, text: &str, ids: &'a [u32]) -> Optio
     (matched == target.len()).then_some(ids)
 }
 
-/// Reply text -> generated token ids.
+/// Reply text -> generated token ids: an LRU bounded by total tokens, keyed by the text's digest.
 pub struct ReplyMemory {
-    max_tokens: usize,
-    inner: Mutex<Inner>,
-}
-
-#[derive(Default)]
-struct Inner {
-    entries: HashMap<[u8; 32], (Arc<[u32]>, u64)>,
-    order: BTreeMap<u64, [u8; 32]>,
-    tokens: usize,
-    clock: u64,
+    cache: LruTokenCache,
 }
 
 impl std::fmt::Debug for ReplyMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReplyMemory").field("max_tokens", &self.max_tokens).finish()
+        f.debug_struct("ReplyMemory").field("replies", &self.cache.len()).finish()
     }
 }
 
@@ -61,46 +52,19 @@ fn key(text: &str) -> [u8; 32] {
 
 impl ReplyMemory {
     pub fn new(max_tokens: usize) -> ReplyMemory {
-        ReplyMemory { max_tokens, inner: Mutex::new(Inner::default()) }
+        ReplyMemory { cache: LruTokenCache::new(max_tokens) }
     }
 
     /// Records that `text` was generated as `ids`.
     pub fn remember(&self, text: &str, ids: &[u32]) {
-        if ids.is_empty() || ids.len() > self.max_tokens {
-            return;
-        }
-        let Ok(mut inner) = self.inner.lock() else { return };
-        let k = key(text);
-        inner.clock += 1;
-        let stamp = inner.clock;
-        if let Some((old, old_stamp)) = inner.entries.remove(&k) {
-            inner.order.remove(&old_stamp);
-            inner.tokens -= old.len();
-        }
-        inner.entries.insert(k, (ids.into(), stamp));
-        inner.order.insert(stamp, k);
-        inner.tokens += ids.len();
-        while inner.tokens > self.max_tokens {
-            let Some((_, oldest)) = inner.order.pop_first() else { break };
-            if let Some((ids, _)) = inner.entries.remove(&oldest) {
-                inner.tokens -= ids.len();
-            }
+        if !ids.is_empty() {
+            self.cache.insert(key(text), ids.into());
         }
     }
 
     /// The ids `text` was generated as, if this gateway generated it.
     pub fn recall(&self, text: &str) -> Option<Arc<[u32]>> {
-        let Ok(mut inner) = self.inner.lock() else { return None };
-        let k = key(text);
-        inner.clock += 1;
-        let stamp = inner.clock;
-        let (ids, old_stamp) = inner.entries.get(&k).cloned()?;
-        inner.order.remove(&old_stamp);
-        inner.order.insert(stamp, k);
-        if let Some(entry) = inner.entries.get_mut(&k) {
-            entry.1 = stamp;
-        }
-        Some(ids)
+        self.cache.get(&key(text))
     }
 }
 

@@ -47,13 +47,24 @@ impl std::fmt::Debug for Router {
 }
 
 impl Router {
-    pub fn new(policy: Policy, index: IndexConfig, seed: u64, pending_ttl: Millis) -> anyhow::Result<Router> {
+    /// A router over prompts hashed in blocks of `block_size` tokens (the churn detector compares them
+    /// block by block).
+    pub fn new(
+        policy: Policy,
+        index: IndexConfig,
+        seed: u64,
+        pending_ttl: Millis,
+        block_size: u32,
+    ) -> anyhow::Result<Router> {
         Ok(Router {
             index: PrefixIndex::new(index).map_err(|error| anyhow::anyhow!("prefix index: {error}"))?,
             policy: Mutex::new(policy),
             rng: Mutex::new(SplitMix64::new(seed)),
             sketch: PrefixSketch::new(&SketchConfig::default()),
-            churn: Mutex::new(ChurnDetector::new(ChurnConfig::default())),
+            churn: Mutex::new(ChurnDetector::new(ChurnConfig {
+                block_size: block_size as usize,
+                ..ChurnConfig::default()
+            })),
             ledger: Mutex::new(LoadLedger::new()),
             pending_ttl,
             origin: Instant::now(),

@@ -9,7 +9,7 @@ use anyhow::Context;
 
 use crate::admin::AdminKey;
 use crate::body_deadline::BodyDeadlineLayer;
-use crate::chat::{ChatRenderer, LruTokenCache};
+use crate::chat::ChatRenderer;
 use crate::config::{Secret, ServeArgs};
 use crate::cpu_pool::CpuPool;
 use crate::grpc::GenerateService;
@@ -56,9 +56,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map(|ca| crate::tls::agent_client_config(ca, args.agent_tls_domain.as_deref()))
         .transpose()?;
     let tokenizer = Arc::new(crate::cli::load_tokenizer(&args.tokenizer).context("loading the tokenizer")?);
-    let renderer = ChatRenderer::new(tokenizer.chat_template(), tokenizer.clone())
-        .context("compiling the chat template")?
-        .with_cache(Some(Arc::new(LruTokenCache::new(4 << 20))));
+    let renderer =
+        ChatRenderer::new(tokenizer.chat_template(), tokenizer.clone()).context("compiling the chat template")?;
     let tenants = match &args.api_keys {
         Some(path) => Tenants::load(path).with_context(|| format!("reading {}", path.display()))?,
         None => Tenants::open(),
@@ -78,6 +77,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         index,
         args.seed,
         args.pending_ttl_ms,
+        args.block_size,
     )?);
     let expectations = Expectations {
         model_id: args.model_id.clone(),

@@ -5,10 +5,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use kvroute_proto::DEFAULT_BLOCK_SIZE;
 use kvroute_proto::domain::KvDtype;
 
 use crate::capacity::parse_bytes;
 use crate::engine::{EngineConfig, PreemptionMode};
+use crate::tiers::network::NetworkConfig;
 
 #[derive(Debug, Parser)]
 #[command(name = "node-agent", version, about = "kvroute node-agent: the paged KV-cache engine of one replica")]
@@ -50,7 +52,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub num_blocks: Option<usize>,
     /// Tokens per KV block.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub block_size: u32,
     /// KV element type: bf16, fp8 (e4m3) or f32.
     #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
@@ -87,7 +89,7 @@ pub struct ServeArgs {
     #[arg(long, value_delimiter = ',')]
     pub redis_cluster_nodes: Vec<String>,
     /// Prefix of every key the agent writes to Redis.
-    #[arg(long, default_value = "kvroute")]
+    #[arg(long, default_value_t = NetworkConfig::default().key_prefix)]
     pub redis_key_prefix: String,
     /// Expiry of blocks in Redis, in seconds; none when absent.
     #[arg(long)]
@@ -97,10 +99,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 2)]
     pub redis_write_through_hits: u32,
     /// Blocks queued for writing to Redis before spills are dropped.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = NetworkConfig::default().queue_capacity)]
     pub redis_queue: usize,
     /// Upper bound on one Redis round trip, in milliseconds.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = NetworkConfig::default().timeout.as_millis() as u64)]
     pub redis_timeout_ms: u64,
     /// Bytes of blocks fetched from Redis that requests waiting for admission may hold at once (e.g. 256MiB);
     /// past it, the rest of a prompt is recomputed instead of fetched.
@@ -222,11 +224,11 @@ impl ServeArgs {
     }
 
     /// The network tier's settings, when one is configured.
-    pub fn network_config(&self) -> Option<crate::tiers::network::NetworkConfig> {
+    pub fn network_config(&self) -> Option<NetworkConfig> {
         if self.redis_url.is_none() && self.redis_cluster_nodes.is_empty() {
             return None;
         }
-        Some(crate::tiers::network::NetworkConfig {
+        Some(NetworkConfig {
             url: self.redis_url.clone(),
             cluster_nodes: self.redis_cluster_nodes.clone(),
             key_prefix: self.redis_key_prefix.clone(),
@@ -266,7 +268,7 @@ pub struct CapacityArgs {
     /// KV memory budget (e.g. 53GiB).
     #[arg(long, value_parser = parse_bytes)]
     pub memory: u64,
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = u64::from(DEFAULT_BLOCK_SIZE))]
     pub block_size: u64,
     /// Context reserved per sequence by a contiguous allocator.
     #[arg(long, default_value_t = 8192)]

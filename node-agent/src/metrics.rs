@@ -8,7 +8,7 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 
 use kvroute_proto::domain::{LoadStats, Tier};
 
-use crate::engine::{Engine, Executor, GenerateError};
+use crate::engine::{Engine, Executor, GenerateError, MetricsSink};
 use crate::engine_events::Counters;
 
 pub const KV_BLOCKS_TOTAL: &str = "kvroute_agent_kv_blocks";
@@ -266,4 +266,29 @@ pub fn record_tier_up(tier: Tier, up: bool) {
 
 pub fn record_redis_error() {
     counter!(REDIS_ERRORS).increment(1);
+}
+
+/// The engine core's counters, recorded in the agent's Prometheus registry.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Prometheus;
+
+impl MetricsSink for Prometheus {
+    fn write_through(&self, blocks: usize) {
+        record_write_through(blocks);
+    }
+    fn tier_hit(&self, tier: Tier, tokens: usize, blocks: usize) {
+        record_tier_hit(tier, tokens, blocks);
+    }
+    fn tier_stored(&self, tier: Tier, blocks: usize) {
+        record_tier_stored(tier, blocks);
+    }
+    fn tier_evicted(&self, tier: Tier, blocks: usize) {
+        record_tier_evicted(tier, blocks);
+    }
+    fn tier_reload(&self, tier: Tier, bytes: usize, seconds: f64) {
+        record_tier_reload(tier, 0, bytes, seconds);
+    }
+    fn prefetch_held(&self, bytes: u64) {
+        record_prefetch_held(bytes);
+    }
 }

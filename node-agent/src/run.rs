@@ -108,11 +108,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let host = (args.host_cache_bytes > 0).then(|| HostTier::new(args.host_cache_bytes));
     let spill = network.clone().map(|network| Box::new(move |hash, bytes| network.spill(hash, bytes)) as SpillFn);
     let engine = Engine::new(engine_config, ModelExecutor::new(model, kv), eos, Box::new(sink.clone()))
+        .with_metrics(Arc::new(crate::metrics::Prometheus))
         .with_tiering(Tiering::new(host, spill).with_write_through(args.redis_write_through_hits));
     let engine =
         EngineHandle::spawn(engine, sink, StreamIdentity { agent_id: agent_id.clone(), epoch }, network.clone())
             .context("starting the engine thread")?;
-    let budget = PrefetchBudget::new(args.prefetch_budget_bytes);
+    let budget = PrefetchBudget::new(args.prefetch_budget_bytes).with_metrics(Arc::new(crate::metrics::Prometheus));
     let service = AgentService::new(engine.clone(), info.clone(), network, budget);
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;

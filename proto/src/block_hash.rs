@@ -15,6 +15,9 @@ use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::str::FromStr;
 
 /// The blake3 key-derivation context of contract version 1.
+/// Tokens per block unless configured otherwise: the default of every component's `--block-size`.
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+
 pub const CONTEXT_V1: &str = "kvroute/block-hash/v1";
 
 /// The name of one full block of tokens: the first 16 bytes of its chain key.

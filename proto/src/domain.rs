@@ -569,6 +569,15 @@ impl From<FinishReason> for pb::FinishReason {
     }
 }
 
+/// Token accounting of one finished request, as the agent reports it and the gateway returns it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    /// Prompt tokens whose K/V came from a cache instead of being computed.
+    pub cached_tokens: u32,
+}
+
 /// Static facts about an agent.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentInfo {

@@ -24,4 +24,4 @@ pub mod pb {
 /// Encoded `FileDescriptorSet` of every kvroute `.proto`, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kvroute_descriptor.bin"));
 
-pub use block_hash::{BlockHash, BlockHashMap, BlockHasher, block_hashes};
+pub use block_hash::{BlockHash, BlockHashMap, BlockHasher, DEFAULT_BLOCK_SIZE, block_hashes};

@@ -14,7 +14,7 @@ use kvroute_bench::sim::{
 };
 use kvroute_bench::trace;
 use kvroute_bench::workload::{WorkloadConfig, WorkloadKind};
-use kvroute_gateway::routing::{PolicyKind, ScoringConfig};
+use kvroute_gateway::routing::{DEFAULT_PENDING_TTL_MS, PolicyKind, ScoringConfig};
 
 /// The simulator allocates and frees millions of small block records and events: mimalloc does that
 /// several times faster than the system allocator.
@@ -57,7 +57,7 @@ struct Args {
     #[arg(long)]
     kv_pool_bytes: Option<f64>,
     /// How long a routed prefix counts as pending on its replica (the gateway's --pending-ttl-ms).
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = DEFAULT_PENDING_TTL_MS)]
     pending_ttl_ms: u64,
     /// Milliseconds from a replica publishing an event batch to the router applying it (default: the
     /// agent's heartbeat interval).

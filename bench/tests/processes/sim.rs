@@ -11,7 +11,7 @@ use std::sync::Arc;
 use kvroute_bench::sim::fleet::DEFAULT_EVENT_LAG;
 use kvroute_bench::sim::plan::{OpenRequest, Prompt};
 use kvroute_bench::sim::{CostProfile, Fleet, FleetConfig, MODEL_ID, Plan, PolicyResult};
-use kvroute_gateway::routing::{PolicyKind, ScoringConfig};
+use kvroute_gateway::routing::{DEFAULT_PENDING_TTL_MS, PolicyKind, ScoringConfig};
 use serde_json::Value;
 
 fn profile() -> CostProfile {
@@ -33,7 +33,7 @@ fn simulate(plan: &Plan, policy: PolicyKind, replicas: usize) -> PolicyResult {
         profile: profile(),
         policy,
         seed: 7,
-        pending_ttl_ms: 3000,
+        pending_ttl_ms: DEFAULT_PENDING_TTL_MS,
         scoring: ScoringConfig::default(),
         event_lag: DEFAULT_EVENT_LAG,
     };
@@ -73,7 +73,7 @@ fn evicted_blocks_come_back_from_host_ram() {
         profile: small.clone(),
         policy: PolicyKind::CacheAware,
         seed: 1,
-        pending_ttl_ms: 3000,
+        pending_ttl_ms: DEFAULT_PENDING_TTL_MS,
         scoring: ScoringConfig::default(),
         event_lag: DEFAULT_EVENT_LAG,
     };

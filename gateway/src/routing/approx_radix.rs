@@ -16,9 +16,9 @@ use kvroute_proto::{BlockHash, BlockHashMap};
 
 use super::ReplicaId;
 use super::index::LookupResult;
-use super::policy::{PolicyKind, least_loaded_index};
+use super::policy_kind::PolicyKind;
 use super::rng::RandomSource;
-use super::scoring::{Decision, ReplicaView, RouteRequest, ScoringConfig, candidates};
+use super::scoring::{Decision, ReplicaView, RouteRequest, ScoringConfig, candidates, least_loaded_index};
 
 /// The routing history: which replica each prefix block was sent to, and when.
 #[derive(Clone, Debug, Default)]

@@ -36,7 +36,7 @@ impl Default for ChurnConfig {
         ChurnConfig {
             max_tenants: 1024,
             leading_tokens: 256,
-            block_size: 16,
+            block_size: kvroute_proto::DEFAULT_BLOCK_SIZE as usize,
             streak: 3,
             min_similarity: 0.5,
             max_shift: 4,

@@ -53,6 +53,10 @@ use super::pending::PendingTable;
 use super::table::{Key, Table};
 use super::{Millis, ReplicaId};
 
+/// How long a routed prefix counts as pending on its replica before its events confirm it, ms: the
+/// default of the gateway's `--pending-ttl-ms` and the simulator's.
+pub const DEFAULT_PENDING_TTL_MS: Millis = 3_000;
+
 /// Most replicas one index can track.
 pub const MAX_REPLICAS: usize = 1024;
 const MAX_SET_WORDS: usize = MAX_REPLICAS / 64;

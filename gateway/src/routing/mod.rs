@@ -18,6 +18,7 @@ pub mod index;
 pub mod load;
 mod pending;
 pub mod policy;
+pub mod policy_kind;
 pub mod prefix_hash;
 pub mod rng;
 pub mod scoring;
@@ -31,9 +32,10 @@ pub type ReplicaId = u16;
 pub type Millis = u64;
 
 pub use churn::{ChurnAlarm, ChurnConfig, ChurnDetector};
-pub use index::{IndexConfig, IndexError, IndexStats, LookupResult, PrefixIndex, ReplicaMatch};
+pub use index::{DEFAULT_PENDING_TTL_MS, IndexConfig, IndexError, IndexStats, LookupResult, PrefixIndex, ReplicaMatch};
 pub use load::{LoadLedger, SendTicket};
-pub use policy::{Policy, PolicyKind, UnknownPolicy};
+pub use policy::Policy;
+pub use policy_kind::{PolicyKind, UnknownPolicy};
 pub use rng::{RandomSource, SplitMix64};
 pub use scoring::{
     CandidateScore, Decision, Exclusion, Prediction, ReplicaView, RouteRequest, ScoringConfig, fill_unmeasured_rates,

@@ -5,9 +5,9 @@
 
 use super::ReplicaId;
 use super::index::LookupResult;
-use super::policy::{PolicyKind, least_loaded_index};
+use super::policy_kind::PolicyKind;
 use super::rng::{RandomSource, mix64};
-use super::scoring::{Decision, ReplicaView, RouteRequest, ScoringConfig, candidates};
+use super::scoring::{Decision, ReplicaView, RouteRequest, ScoringConfig, candidates, least_loaded_index};
 
 /// Ring points of a set of replicas.
 #[derive(Clone, Debug)]

@@ -5,9 +5,9 @@
 use kvroute_proto::BlockHash;
 use kvroute_proto::domain::LoadStats;
 
+use super::ReplicaId;
 use super::index::{LookupResult, ReplicaMatch};
 use super::rng::RandomSource;
-use super::{Millis, ReplicaId};
 
 /// The request being routed.
 #[derive(Clone, Copy, Debug, Default)]
@@ -110,8 +110,6 @@ pub struct ScoringConfig {
     pub default_host_bytes_per_second: f64,
     /// Used until a replica reports its network-tier read bandwidth.
     pub default_network_bytes_per_second: f64,
-    /// How long a routed prefix counts as pending on its replica, ms.
-    pub pending_ttl_ms: Millis,
     /// `prefix_hash`: leading blocks that form the key.
     pub prefix_hash_blocks: usize,
     /// `prefix_hash`: bounded-load factor c (a replica takes at most
@@ -151,7 +149,6 @@ impl Default for ScoringConfig {
             default_prefill_tokens_per_second: 5_000.0,
             default_host_bytes_per_second: 10e9,
             default_network_bytes_per_second: 1e9,
-            pending_ttl_ms: 4_000,
             prefix_hash_blocks: 4,
             prefix_hash_load_factor: 1.25,
             prefix_hash_virtual_nodes: 160,
@@ -448,4 +445,13 @@ pub fn cache_aware(
         },
     };
     Decision { policy: "cache_aware", chosen: chosen.map(|index| replicas[index].id), rule, candidates }
+}
+
+/// Shared by the stateful baselines: the least-loaded eligible index, ties by RNG.
+pub(crate) fn least_loaded_index(
+    eligible: &[usize],
+    replicas: &[ReplicaView],
+    rng: &mut dyn RandomSource,
+) -> Option<usize> {
+    break_tie(eligible, replicas, rng).map(|(index, _)| index)
 }

@@ -7,11 +7,13 @@
 //! waiting requests whose prompt blocks fit above a watermark. When a decoding
 //! sequence needs a block and none is free, the newest running sequence is
 //! preempted (recompute or swap). Every step first drops the requests whose caller went away. The engine
-//! reads time only through its injected [`Clock`]. [`thread`] runs an engine in its own thread and
+//! reads time only through its injected [`Clock`] and reports counters only through its injected
+//! [`MetricsSink`]. [`thread`] runs an engine in its own thread and
 //! [`publisher`] sends its events.
 
 pub mod clock;
 pub mod executor;
+pub mod metrics_sink;
 pub mod model_executor;
 pub mod publisher;
 pub mod rates;
@@ -21,16 +23,18 @@ pub mod thread;
 pub mod tiering;
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvroute_proto::BlockHash;
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, FinishReason, KvEvent, Tier};
 
-use crate::block_manager::{BlockId, BlockManager, EventSink, PoolBlock};
+use crate::block_manager::{BlockId, BlockManager, EventSink, Placement, PoolBlock};
 use crate::model::sampling::Sampler;
 use crate::tiers::host::BlockBytes;
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use executor::{ChunkSpec, Executor};
+pub use metrics_sink::{MetricsSink, NoMetrics};
 use rates::StepRates;
 pub use request::{GenerateError, Output, OutputSink, Usage};
 pub use tiering::{Prefetched, Tiering};
@@ -154,6 +158,19 @@ impl StepReport {
     }
 }
 
+/// One step's plan while it is built: (sequence id, tokens computed this step) and the tokens left.
+struct Batch {
+    plan: Vec<(u64, usize)>,
+    budget: usize,
+}
+
+impl Batch {
+    fn add(&mut self, id: u64, tokens: usize) {
+        self.plan.push((id, tokens));
+        self.budget -= tokens;
+    }
+}
+
 /// The engine: queue, running batch, block manager, executor.
 pub struct Engine<E: Executor> {
     config: EngineConfig,
@@ -169,6 +186,7 @@ pub struct Engine<E: Executor> {
     /// When the latest requests left the waiting queue (at most [`DEPARTURES_KEPT`]), for its drain rate.
     departures: VecDeque<Duration>,
     clock: Box<dyn Clock>,
+    metrics: Arc<dyn MetricsSink>,
     /// Ids of requests that finished or were dropped since the last [`Engine::take_finished_ids`].
     finished_ids: Vec<u64>,
 }
@@ -192,6 +210,7 @@ impl<E: Executor> Engine<E> {
             tiering: Tiering::default(),
             departures: VecDeque::new(),
             clock: Box::new(MonotonicClock::default()),
+            metrics: Arc::new(NoMetrics),
             finished_ids: Vec::new(),
         }
     }
@@ -215,7 +234,14 @@ impl<E: Executor> Engine<E> {
     /// Adds the host and network tiers below the pool.
     pub fn with_tiering(mut self, tiering: Tiering) -> Engine<E> {
         self.blocks.set_hot_after(tiering.write_through_after());
-        self.tiering = tiering;
+        self.tiering = tiering.with_metrics(self.metrics.clone());
+        self
+    }
+
+    /// Reports the engine's and its tiers' counters to `metrics` instead of dropping them.
+    pub fn with_metrics(mut self, metrics: Arc<dyn MetricsSink>) -> Engine<E> {
+        self.tiering = std::mem::take(&mut self.tiering).with_metrics(metrics.clone());
+        self.metrics = metrics;
         self
     }
 
@@ -401,16 +427,27 @@ impl<E: Executor> Engine<E> {
         }
     }
 
-    /// Runs one scheduling step and one forward pass.
+    /// Runs one scheduling step and one forward pass. The order of the steps is the scheduling policy:
+    /// running decodes first (they hold blocks and a caller waiting token by token), then the prefill
+    /// chunks of running sequences, then admission from the queue into what budget is left; blocks evicted
+    /// by any of them are saved to the tiers before the forward pass writes over them.
     pub fn step(&mut self) -> StepReport {
         self.drop_abandoned();
         let mut report = StepReport::default();
-        let mut budget = self.config.max_batch_tokens.max(1);
-        // (sequence id, tokens computed this step)
-        let mut plan: Vec<(u64, usize)> = Vec::new();
+        let mut batch = Batch { plan: Vec::new(), budget: self.config.max_batch_tokens.max(1) };
+        self.plan_decodes(&mut batch, &mut report);
+        self.plan_prefill_chunks(&mut batch);
+        self.admit_waiting(&mut batch);
+        self.collect_evicted();
+        if !batch.plan.is_empty() {
+            self.execute(batch.plan, &mut report);
+        }
+        report
+    }
 
-        // 1. Decodes: one token each; preempt the newest when the pool is full. A sequence whose caller has
-        //    not taken its earlier tokens yet waits (back-pressure), keeping its blocks.
+    /// Decodes: one token each; preempts the newest sequence when the pool is full. A sequence whose caller
+    /// has not taken its earlier tokens yet waits (back-pressure), keeping its blocks.
+    fn plan_decodes(&mut self, batch: &mut Batch, report: &mut StepReport) {
         let decode_ids: Vec<u64> = self
             .running
             .iter()
@@ -418,42 +455,45 @@ impl<E: Executor> Engine<E> {
             .map(|s| s.id)
             .collect();
         for id in decode_ids {
-            if budget == 0 {
+            if batch.budget == 0 {
                 break;
             }
             while let Some(seq) = self.running.iter().find(|s| s.id == id) {
                 let needed = seq.tokens.len();
                 if self.blocks.grow(id, needed).is_ok() {
-                    plan.push((id, 1));
-                    budget -= 1;
+                    batch.add(id, 1);
                     break;
                 }
                 let Some(victim) = self.running.iter().map(|s| s.id).max() else { break };
                 self.preempt(victim);
-                plan.retain(|(planned, _)| *planned != victim);
+                batch.plan.retain(|(planned, _)| *planned != victim);
                 report.preempted += 1;
                 if victim == id {
                     break;
                 }
             }
         }
+    }
 
-        // 2. Prefill chunks (and re-prefills after a recompute preemption).
+    /// Prefill chunks of running sequences (and re-prefills after a recompute preemption).
+    fn plan_prefill_chunks(&self, batch: &mut Batch) {
         for seq in &self.running {
-            if budget == 0 {
+            if batch.budget == 0 {
                 break;
             }
             let pending = seq.tokens.len() - seq.computed;
-            let samples = pending <= budget;
-            if pending > 0 && !plan.iter().any(|(id, _)| *id == seq.id) && (!samples || seq.output.has_room()) {
-                let chunk = pending.min(budget);
-                plan.push((seq.id, chunk));
-                budget -= chunk;
+            let samples = pending <= batch.budget;
+            if pending > 0 && !batch.plan.iter().any(|(id, _)| *id == seq.id) && (!samples || seq.output.has_room()) {
+                let chunk = pending.min(batch.budget);
+                batch.add(seq.id, chunk);
             }
         }
+    }
 
-        // 3. Admission, first come first served.
-        while budget > 0 && self.running.len() < self.config.max_running {
+    /// Admission, first come first served, while the budget, the batch slots and the pool (above the
+    /// watermark) have room.
+    fn admit_waiting(&mut self, batch: &mut Batch) {
+        while batch.budget > 0 && self.running.len() < self.config.max_running {
             let Some(seq) = self.waiting.front_mut() else { break };
             let hasher =
                 (seq.request.cache_mode == CacheMode::Shared).then(|| self.blocks.hasher(&seq.request.cache_scope));
@@ -484,27 +524,10 @@ impl<E: Executor> Engine<E> {
             // Blocks just evicted still hold their data: save it before any write.
             self.collect_evicted();
             self.write_through(&placement.hot);
-            if let Some(saved) = seq.swapped.take() {
-                self.swap_in(&mut seq, saved, placement.cached_blocks);
-            } else {
-                let (host, network) =
-                    self.reload_from_tiers(&mut seq, &placement.prompt_hashes, placement.cached_blocks);
-                let reloaded = (placement.cached_blocks + host + network) * self.blocks.block_size();
-                seq.computed = placement.cached_tokens.max(reloaded.min(seq.tokens.len() - 1));
-                if seq.cached_tokens.is_none() {
-                    seq.cached_tokens = Some(seq.computed);
-                    self.stats.prompt_tokens_total += seq.prompt_len as u64;
-                    self.stats.prefix_hit_tokens_total += placement.cached_tokens as u64;
-                    let block = self.blocks.block_size() as u64;
-                    self.stats.host_hit_tokens_total += host as u64 * block;
-                    self.stats.network_hit_tokens_total += network as u64 * block;
-                }
-            }
-            let pending = seq.tokens.len() - seq.computed;
-            let chunk = pending.min(budget);
+            self.restore_cached(&mut seq, &placement);
+            let chunk = (seq.tokens.len() - seq.computed).min(batch.budget);
             if chunk > 0 {
-                plan.push((seq.id, chunk));
-                budget -= chunk;
+                batch.add(seq.id, chunk);
             }
             if self.departures.len() == DEPARTURES_KEPT {
                 self.departures.pop_front();
@@ -512,13 +535,27 @@ impl<E: Executor> Engine<E> {
             self.departures.push_back(self.clock.now());
             self.running.push(seq);
         }
+    }
 
-        self.collect_evicted();
-        if plan.is_empty() {
-            return report;
+    /// What an admitted sequence need not compute: the K/V it saved when swapped out, or its prompt's
+    /// cached blocks plus what the host and network tiers reload (counted in the hit statistics once, on
+    /// first admission).
+    fn restore_cached(&mut self, seq: &mut Sequence, placement: &Placement) {
+        if let Some(saved) = seq.swapped.take() {
+            self.swap_in(seq, saved, placement.cached_blocks);
+            return;
         }
-        self.execute(plan, &mut report);
-        report
+        let (host, network) = self.reload_from_tiers(seq, &placement.prompt_hashes, placement.cached_blocks);
+        let reloaded = (placement.cached_blocks + host + network) * self.blocks.block_size();
+        seq.computed = placement.cached_tokens.max(reloaded.min(seq.tokens.len() - 1));
+        if seq.cached_tokens.is_none() {
+            seq.cached_tokens = Some(seq.computed);
+            self.stats.prompt_tokens_total += seq.prompt_len as u64;
+            self.stats.prefix_hit_tokens_total += placement.cached_tokens as u64;
+            let block = self.blocks.block_size() as u64;
+            self.stats.host_hit_tokens_total += host as u64 * block;
+            self.stats.network_hit_tokens_total += network as u64 * block;
+        }
     }
 
     fn execute(&mut self, plan: Vec<(u64, usize)>, report: &mut StepReport) {
@@ -665,7 +702,7 @@ impl<E: Executor> Engine<E> {
             self.tiering.spill(block.hash, bytes);
         }
         if !hot.is_empty() {
-            crate::metrics::record_write_through(hot.len());
+            self.metrics.write_through(hot.len());
         }
     }
 
@@ -706,7 +743,7 @@ impl<E: Executor> Engine<E> {
                 .modelled_copy_seconds(bytes)
                 .unwrap_or_else(|| self.clock.now().saturating_sub(started).as_secs_f64());
             self.tiering.record_host_copy(bytes, seconds);
-            crate::metrics::record_tier_hit(Tier::Host, host * self.blocks.block_size(), host);
+            self.metrics.tier_hit(Tier::Host, host * self.blocks.block_size(), host);
         }
         while index < hashes.len() {
             let Some(bytes) = seq.prefetched.get(index) else { break };
@@ -717,7 +754,7 @@ impl<E: Executor> Engine<E> {
             network += 1;
         }
         if network > 0 {
-            crate::metrics::record_tier_hit(Tier::Network, network * self.blocks.block_size(), network);
+            self.metrics.tier_hit(Tier::Network, network * self.blocks.block_size(), network);
         }
         seq.prefetched = Prefetched::default();
         if index > matched {

@@ -1,15 +1,7 @@
 //! What a request gets back from the engine: streamed outputs and errors.
 
 use kvroute_proto::domain::FinishReason;
-
-/// Token accounting of one finished request.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub prompt_tokens: u32,
-    pub completion_tokens: u32,
-    /// Prompt tokens whose K/V came from a cache instead of being computed.
-    pub cached_tokens: u32,
-}
+pub use kvroute_proto::domain::Usage;
 
 /// One message to the requester: new tokens, and on the last one why it ended.
 #[derive(Clone, Debug, PartialEq)]

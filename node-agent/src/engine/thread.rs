@@ -59,7 +59,7 @@ impl EventSink for SharedSink {
 
 enum Command {
     Submit {
-        request: AgentGenerateRequest,
+        request: Box<AgentGenerateRequest>,
         output: Box<dyn OutputSink>,
         prefetched: Prefetched,
         reply: oneshot::Sender<Result<u64, GenerateError>>,
@@ -131,7 +131,7 @@ impl EngineHandle {
         prefetched: Prefetched,
     ) -> Result<u64, GenerateError> {
         let (reply, answer) = oneshot::channel();
-        match self.commands.try_send(Command::Submit { request, output, prefetched, reply }) {
+        match self.commands.try_send(Command::Submit { request: Box::new(request), output, prefetched, reply }) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
                 return Err(GenerateError::Overloaded(format!(
@@ -267,7 +267,7 @@ impl<E: Executor> EngineLoop<E> {
                 let result = if self.draining {
                     Err(GenerateError::Unavailable("the agent is draining".into()))
                 } else {
-                    self.engine.submit_prefetched(request, output, prefetched)
+                    self.engine.submit_prefetched(*request, output, prefetched)
                 };
                 if let Err(error) = &result {
                     metrics::record_rejection(error);

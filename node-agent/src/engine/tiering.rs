@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use kvroute_proto::block_hash::BlockHash;
 use kvroute_proto::domain::{KvEvent, Tier};
 
-use crate::metrics;
+use super::metrics_sink::{MetricsSink, NoMetrics};
 use crate::tiers::host::{BlockBytes, HostTier};
 
 /// Queues a block for the network tier; returns false when it was dropped.
@@ -37,6 +37,7 @@ impl Prefetched {
 pub struct PrefetchBudget {
     limit: u64,
     held: Arc<AtomicU64>,
+    metrics: Arc<dyn MetricsSink>,
 }
 
 /// A share of a [`PrefetchBudget`]; dropping it returns the bytes.
@@ -44,11 +45,18 @@ pub struct PrefetchBudget {
 pub struct BudgetHold {
     bytes: u64,
     held: Arc<AtomicU64>,
+    metrics: Arc<dyn MetricsSink>,
 }
 
 impl PrefetchBudget {
     pub fn new(limit_bytes: u64) -> PrefetchBudget {
-        PrefetchBudget { limit: limit_bytes, held: Arc::default() }
+        PrefetchBudget { limit: limit_bytes, held: Arc::default(), metrics: Arc::new(NoMetrics) }
+    }
+
+    /// Reports the bytes held to `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<dyn MetricsSink>) -> PrefetchBudget {
+        self.metrics = metrics;
+        self
     }
 
     /// Bytes held now.
@@ -70,8 +78,9 @@ impl PrefetchBudget {
             let bytes = fits * unit;
             match self.held.compare_exchange_weak(held, held + bytes, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
-                    metrics::record_prefetch_held(held + bytes);
-                    return Some((fits as usize, BudgetHold { bytes, held: self.held.clone() }));
+                    self.metrics.prefetch_held(held + bytes);
+                    let hold = BudgetHold { bytes, held: self.held.clone(), metrics: self.metrics.clone() };
+                    return Some((fits as usize, hold));
                 }
                 Err(now) => held = now,
             }
@@ -84,7 +93,7 @@ impl BudgetHold {
     pub fn shrink_to(&mut self, bytes: u64) {
         if bytes < self.bytes {
             let before = self.held.fetch_sub(self.bytes - bytes, Ordering::AcqRel);
-            metrics::record_prefetch_held(before - (self.bytes - bytes));
+            self.metrics.prefetch_held(before - (self.bytes - bytes));
             self.bytes = bytes;
         }
     }
@@ -93,12 +102,11 @@ impl BudgetHold {
 impl Drop for BudgetHold {
     fn drop(&mut self) {
         let before = self.held.fetch_sub(self.bytes, Ordering::AcqRel);
-        metrics::record_prefetch_held(before - self.bytes);
+        self.metrics.prefetch_held(before - self.bytes);
     }
 }
 
 /// Host tier, network spill, and the tier events they produce.
-#[derive(Default)]
 pub struct Tiering {
     pub host: Option<HostTier>,
     pub spill: Option<SpillFn>,
@@ -107,11 +115,31 @@ pub struct Tiering {
     host_bandwidth: f64,
     /// Reuses after which a pool block is also written to the network tier (0: only on eviction).
     write_through_after: u32,
+    metrics: Arc<dyn MetricsSink>,
+}
+
+impl Default for Tiering {
+    fn default() -> Self {
+        Tiering::new(None, None)
+    }
 }
 
 impl Tiering {
     pub fn new(host: Option<HostTier>, spill: Option<SpillFn>) -> Tiering {
-        Tiering { host, spill, events: Vec::new(), host_bandwidth: 0.0, write_through_after: 0 }
+        Tiering {
+            host,
+            spill,
+            events: Vec::new(),
+            host_bandwidth: 0.0,
+            write_through_after: 0,
+            metrics: Arc::new(NoMetrics),
+        }
+    }
+
+    /// Reports the tiers' counters to `metrics` (the engine passes its own sink on).
+    pub fn with_metrics(mut self, metrics: Arc<dyn MetricsSink>) -> Tiering {
+        self.metrics = metrics;
+        self
     }
 
     /// Writes a pool block to the network tier as soon as new requests have reused it `hits` times, so a hot
@@ -147,7 +175,7 @@ impl Tiering {
                         Some(KvEvent::Stored { tier: Tier::Host, hashes }) => hashes.push(hash),
                         _ => self.events.push(KvEvent::Stored { tier: Tier::Host, hashes: vec![hash] }),
                     }
-                    metrics::record_tier_stored(Tier::Host, 1);
+                    self.metrics.tier_stored(Tier::Host, 1);
                 }
                 self.host_evicted(evicted);
             }
@@ -166,7 +194,7 @@ impl Tiering {
         if evicted.is_empty() {
             return;
         }
-        metrics::record_tier_evicted(Tier::Host, evicted.len());
+        self.metrics.tier_evicted(Tier::Host, evicted.len());
         self.events.push(KvEvent::Removed { tier: Tier::Host, hashes: evicted.iter().map(|(h, _)| *h).collect() });
         for (hash, bytes) in evicted {
             self.spill(hash, bytes);
@@ -203,7 +231,7 @@ impl Tiering {
         let rate = bytes as f64 / seconds;
         self.host_bandwidth =
             if self.host_bandwidth == 0.0 { rate } else { self.host_bandwidth + ALPHA * (rate - self.host_bandwidth) };
-        metrics::record_tier_reload(Tier::Host, 0, bytes, seconds);
+        self.metrics.tier_reload(Tier::Host, bytes, seconds);
     }
 
     /// Hashes held in host RAM (for a snapshot).

@@ -20,7 +20,7 @@ use super::http::Endpoint;
 use crate::config::EngineKind;
 
 /// kvroute's block size: an engine block must be a whole number of these.
-pub const KVROUTE_BLOCK_SIZE: u32 = 16;
+pub const KVROUTE_BLOCK_SIZE: u32 = kvroute_proto::DEFAULT_BLOCK_SIZE;
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 
 use pulp::{Arch, Simd, WithSimd};
 
-use super::gemm::{Mat, matmul};
+use super::sgemm::{Mat, matmul};
 
 /// sgemm's depth block (matrixmultiply's `S_KC`).
 pub(crate) const KC: usize = 256;

@@ -22,6 +22,7 @@ mod ops;
 mod prng;
 mod quant;
 pub mod sampling;
+mod sgemm;
 pub mod tiny_random;
 mod weights;
 

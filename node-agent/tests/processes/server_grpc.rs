@@ -4,14 +4,13 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
 use kvroute_proto::domain::{AgentInfo, KvEvent, KvEventBatch, Tier};
 use kvroute_proto::pb::{self, agent_client::AgentClient};
-use kvroute_test_support::{ChildProcess, free_port};
+use kvroute_test_support::{ChildProcess, free_port, http_request};
 use tonic::Code;
 
 struct Agent {
@@ -195,12 +194,7 @@ fn check_config_and_capacity_commands() {
 }
 
 fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
+    http_request(addr, "GET", path, &[], b"").unwrap().text()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
