@@ -411,14 +411,18 @@ configs_of_repeat() {
 }
 
 runs=$(saved runs.json '[]')
+# Whether $runs holds the run of workload $1 through configuration $2 in repeat $3.
+has_run() {
+  python3 -c 'import json,sys; sys.exit(0 if any((r["workload"], r["config"], r["repeat"]) == (sys.argv[2], sys.argv[3], int(sys.argv[4])) for r in json.loads(sys.argv[1])) else 1)' \
+    "$runs" "$1" "$2" "$3"
+}
 for repeat in $(seq 1 "$repeats"); do
   for workload in $workloads; do
     if [ "$repeat" -gt 1 ] && [[ " $once " == *" $workload "* ]]; then
       continue
     fi
     for config in $(configs_of_repeat "$repeat"); do
-      python3 -c 'import json,sys; sys.exit(0 if any((r["workload"], r["config"], r["repeat"]) == (sys.argv[2], sys.argv[3], int(sys.argv[4])) for r in json.loads(sys.argv[1])) else 1)' \
-        "$runs" "$workload" "$config" "$repeat" && continue
+      has_run "$workload" "$config" "$repeat" && continue
       run_label="$workload-$repeat"
       start_router "$config" decisions
       run_label=""
