@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Fits a simulator cost profile to the steps a node-agent logged (RUST_LOG=kvroute_node_agent::step=debug).
+"""Fits a simulator cost profile to the steps a node-agent recorded (`node-agent --step-log FILE`: one JSON
+object per engine step with its new tokens, sampled sequences, attention work and seconds).
 
-    bench/fit-step-profile.py AGENT_LOG BASE_PROFILE > FITTED_PROFILE
+    bench/fit-step-profile.py STEP_LOG BASE_PROFILE > FITTED_PROFILE
 
 Least squares over the logged steps that sampled a token:
 
@@ -12,12 +13,8 @@ body's FLOP rate, r what each sampled sequence adds (its row of the LM head and 
 vocabulary). The output is the base profile with step_overhead_seconds, compute_efficiency and
 sample_seconds replaced. Used by bench/sim-check.sh.
 """
-import re
+import json
 import sys
-
-STEP = re.compile(
-    r"kvroute_node_agent::step: tokens=(\S+) sampled=(\S+) attended=(\S+) forward_seconds=\S+ step_seconds=(\S+)"
-)
 
 
 def solve(matrix, vector):
@@ -52,8 +49,11 @@ def main():
         return float(profile[key])
 
     rows = []
-    for match in STEP.finditer(log):
-        tokens, sampled, attended, seconds = (float(x) for x in match.groups())
+    for line in log.splitlines():
+        step = json.loads(line)
+        tokens, sampled, attended, seconds = (
+            float(step[key]) for key in ("tokens", "sampled", "attended", "step_seconds")
+        )
         if sampled > 0:
             flops = 2 * num("params") * tokens + 4 * num("layers") * num("attention_width") * attended
             rows.append(([1.0, flops, sampled], seconds))

@@ -5,7 +5,8 @@
 # events), so that what the routers themselves cost shows. In one run on identical work:
 #   configurations: direct (client-side round robin, no router), vllm-router round_robin / cache_aware /
 #   kv_aware (exact, from vLLM's KV events), sglang-router (smg) cache_aware / round_robin, and kvroute
-#   cache_aware / round_robin (a gateway and one engine-mode agent per replica).
+#   cache_aware / round_robin (a gateway and one engine-mode agent per replica; kvroute:POLICY@poll=MS has the
+#   agents read their engine's /health and /metrics every MS ms instead of the default 250).
 #   1. each router's added latency: 1-token completions of a cached ~2,000-token prompt through the router
 #      against straight to a replica, interleaved in pairs, p50 and p99;
 #   2. workloads (kvroute-load, same seed for every configuration): per run the router is started, both
@@ -228,14 +229,19 @@ start_router() {
       router_pids+=($!)
       ;;
     kvroute)
-      local agents=()
+      # kvroute:POLICY@poll=MS: the agents read their engine's /health and /metrics every MS ms.
+      local agents=() agent_extra=()
+      if [[ "$policy" == *@poll=* ]]; then
+        agent_extra=(--engine-poll-ms "${policy#*@poll=}")
+        policy=${policy%%@*}
+      fi
       for i in $(seq 0 $((replicas - 1))); do
         local base=$((vllm_base + 3 * i)) replay=()
         [ "$backend" = vllm ] && replay=(--engine-kv-replay "tcp://127.0.0.1:$((base + 2))")
         "$bin_dir/node-agent" --engine vllm --engine-url "${vllm_urls[$i]}" \
           --engine-kv-events "tcp://127.0.0.1:$((base + 1))" "${replay[@]}" \
           --model-dir "$model_dir" --agent-id "$backend-$i" --listen "127.0.0.1:$((agent_base + i))" \
-          --metrics-addr "127.0.0.1:$((9391 + i))" >"$log.agent-$i" 2>&1 &
+          --metrics-addr "127.0.0.1:$((9391 + i))" "${agent_extra[@]}" >"$log.agent-$i" 2>&1 &
         router_pids+=($!)
         agents+=("127.0.0.1:$((agent_base + i))")
       done

@@ -45,13 +45,12 @@ source bench/cluster.sh
 trap stop_cluster EXIT INT TERM
 
 echo "== calibration: the same workload with other sessions, the agent's step log on" >&2
-RUST_LOG="info,kvroute_node_agent::step=debug" start_cluster "$http_port" 18051 "$out/calibration-cluster.log" \
-  --agents 1 --model tiny-random
+start_cluster "$http_port" 18051 "$out/calibration-cluster.log" --agents 1 --model tiny-random --step-logs
 target/release/kvroute-load --url "http://127.0.0.1:$http_port" "${shape[@]}" --seed 2 --duration-secs 600 --json \
   >"$out/calibration.json" 2>/dev/null
 stop_cluster
-cp .run/agent-0.log "$out/calibration-agent.log"
-bench/fit-step-profile.py "$out/calibration-agent.log" bench/profiles/cpu-tiny-random.profile >"$out/fitted.profile"
+cp .run/agent-0.steps.jsonl "$out/calibration-steps.jsonl"
+bench/fit-step-profile.py "$out/calibration-steps.jsonl" bench/profiles/cpu-tiny-random.profile >"$out/fitted.profile"
 head -1 "$out/fitted.profile" >&2
 
 echo "== validation: the real engine" >&2

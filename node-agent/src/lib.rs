@@ -23,4 +23,5 @@ pub mod metrics;
 pub mod model;
 pub mod run;
 pub mod server;
+pub mod step_log;
 pub mod tiers;

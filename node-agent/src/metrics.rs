@@ -2,14 +2,16 @@
 //! record functions; label values are bounded (tier, mode, reason).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use metrics::{counter, describe_counter, describe_gauge, gauge};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 use kvroute_proto::domain::{LoadStats, Tier};
 
-use crate::engine::{Engine, Executor, GenerateError, MetricsSink};
+use crate::engine::{Engine, Executor, GenerateError, MetricsSink, StepCost};
 use crate::engine_events::Counters;
+use crate::step_log::StepLog;
 
 pub const KV_BLOCKS_TOTAL: &str = "kvroute_agent_kv_blocks";
 pub const KV_BLOCKS_USED: &str = "kvroute_agent_kv_blocks_used";
@@ -268,9 +270,18 @@ pub fn record_redis_error() {
     counter!(REDIS_ERRORS).increment(1);
 }
 
-/// The engine core's counters, recorded in the agent's Prometheus registry.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Prometheus;
+/// The engine core's counters, recorded in the agent's Prometheus registry; its step costs go to the
+/// `--step-log` file when there is one.
+#[derive(Clone, Debug, Default)]
+pub struct Prometheus {
+    step_log: Option<Arc<StepLog>>,
+}
+
+impl Prometheus {
+    pub fn with_step_log(step_log: Option<Arc<StepLog>>) -> Prometheus {
+        Prometheus { step_log }
+    }
+}
 
 impl MetricsSink for Prometheus {
     fn write_through(&self, blocks: usize) {
@@ -290,5 +301,10 @@ impl MetricsSink for Prometheus {
     }
     fn prefetch_held(&self, bytes: u64) {
         record_prefetch_held(bytes);
+    }
+    fn step(&self, cost: &StepCost) {
+        if let Some(log) = &self.step_log {
+            log.record(cost);
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! Wires the agent together: model, KV pool, engine thread, gRPC and metrics
 //! servers, and a graceful shutdown on SIGTERM or Ctrl-C.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use std::sync::Arc;
 
@@ -20,6 +20,7 @@ use crate::engine_events::{Translator, TranslatorConfig};
 use crate::external::{self, ExternalEngine, http::Endpoint};
 use crate::model::{KvStore, Model};
 use crate::server::AgentService;
+use crate::step_log::StepLog;
 use crate::tiers::host::HostTier;
 use crate::tiers::network::NetworkTier;
 
@@ -107,13 +108,20 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
     let host = (args.host_cache_bytes > 0).then(|| HostTier::new(args.host_cache_bytes));
     let spill = network.clone().map(|network| Box::new(move |hash, bytes| network.spill(hash, bytes)) as SpillFn);
+    let step_log = match &args.step_log {
+        Some(path) => {
+            Some(Arc::new(StepLog::create(path).with_context(|| format!("creating the step log {}", path.display()))?))
+        }
+        None => None,
+    };
     let engine = Engine::new(engine_config, ModelExecutor::new(model, kv), eos, Box::new(sink.clone()))
-        .with_metrics(Arc::new(crate::metrics::Prometheus))
+        .with_metrics(Arc::new(crate::metrics::Prometheus::with_step_log(step_log)))
         .with_tiering(Tiering::new(host, spill).with_write_through(args.redis_write_through_hits));
     let engine =
         EngineHandle::spawn(engine, sink, StreamIdentity { agent_id: agent_id.clone(), epoch }, network.clone())
             .context("starting the engine thread")?;
-    let budget = PrefetchBudget::new(args.prefetch_budget_bytes).with_metrics(Arc::new(crate::metrics::Prometheus));
+    let budget =
+        PrefetchBudget::new(args.prefetch_budget_bytes).with_metrics(Arc::new(crate::metrics::Prometheus::default()));
     let service = AgentService::new(engine.clone(), info.clone(), network, budget);
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
@@ -147,7 +155,7 @@ async fn serve_external(args: ServeArgs) -> anyhow::Result<()> {
     let grpc_tls = grpc_tls(&args)?;
     let endpoint = Endpoint::parse(args.engine_url.as_deref().unwrap_or_default()).map_err(anyhow::Error::msg)?;
     let model_dir = args.model_dir.clone().unwrap_or_default();
-    let wait = std::time::Duration::from_secs(args.engine_start_timeout_secs);
+    let wait = Duration::from_secs(args.engine_start_timeout_secs);
     let (facts, tokenizer) =
         external::startup::discover(args.engine, endpoint, args.engine_model.as_deref(), &model_dir, wait).await?;
     let (agent_id, epoch) = identity(&args);
@@ -191,7 +199,7 @@ async fn serve_external(args: ServeArgs) -> anyhow::Result<()> {
     let (events, replay) = (zmq(&args.engine_kv_events)?, zmq(&args.engine_kv_replay)?);
     external::events_feed::spawn(engine.clone(), translator, events.unwrap_or_default(), replay)
         .context("starting the engine's event feed")?;
-    tokio::spawn(engine.clone().poll());
+    tokio::spawn(engine.clone().poll(Duration::from_millis(args.engine_poll_ms)));
     let service = AgentService::external(engine, info);
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;

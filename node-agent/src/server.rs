@@ -20,7 +20,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::engine::thread::EngineHandle;
-use crate::engine::tiering::{PrefetchBudget, reload_beats_recompute};
+use crate::engine::tiering::PrefetchBudget;
 use crate::engine::{GenerateError, Output, OutputSink, Prefetched};
 use crate::external::ExternalEngine;
 use crate::tiers::network::NetworkTier;
@@ -118,15 +118,12 @@ impl AgentService {
         }
         let hasher = BlockHasher::new(self.info.block_size, &self.info.model_id, &request.cache_scope);
         let hashes = hasher.hashes(&request.prompt);
-        let probe = engine.probe(&hashes);
-        let first = probe.resident_blocks;
-        if first >= hashes.len()
-            || !reload_beats_recompute(network.read_bandwidth(), probe.bytes_per_token, probe.prefill_tokens_per_second)
-        {
+        let Some(wanted) = engine.probe(&hashes).network_fetch(hashes.len(), network.read_bandwidth()) else {
             return Prefetched::default();
-        }
+        };
+        let first = wanted.start;
         let block_bytes = self.info.kv_geometry.bytes_per_block(self.info.block_size);
-        let Some((granted, mut hold)) = prefetch_budget.hold_up_to(hashes.len() - first, block_bytes) else {
+        let Some((granted, mut hold)) = prefetch_budget.hold_up_to(wanted.len(), block_bytes) else {
             return Prefetched::default();
         };
         let blocks = network.fetch_run(&hashes[first..first + granted]).await;

@@ -35,7 +35,7 @@ struct Args {
     #[arg(long, default_value_t = 8192)]
     max_model_len: u32,
     /// Tokens per KV block (a multiple of 16 for kvroute's agent).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = kvroute_proto::block_hash::DEFAULT_BLOCK_SIZE as usize)]
     block_size: usize,
     /// KV blocks the prefix cache holds.
     #[arg(long, default_value_t = 65536)]

@@ -19,8 +19,8 @@ use kvroute_gateway::routing::{
 };
 use kvroute_gateway::service::ServiceConfig;
 use kvroute_node_agent::engine::publisher::HEARTBEAT;
+use kvroute_node_agent::engine::resident::Probe;
 use kvroute_node_agent::engine::thread::SharedSink;
-use kvroute_node_agent::engine::tiering::reload_beats_recompute;
 use kvroute_node_agent::engine::{
     Engine, EngineConfig, Executor, ManualClock, Output, PreemptionMode, Prefetched, Tiering,
 };
@@ -310,12 +310,11 @@ impl<'a> Fleet<'a> {
         let mut delay = 0.0;
         if let Some(store) = &self.store {
             let engine = &self.replicas[replica].engine;
-            let first = engine.resident_blocks(hashes);
-            let rate = engine.stats().prefill_tokens_per_second;
-            if first < hashes.len()
-                && reload_beats_recompute(profile.network_bandwidth, profile.kv_bytes_per_token, rate)
-            {
-                let run = store.lock().map(|mut store| store.fetch_run(&hashes[first..])).unwrap_or(0);
+            // The agent's rule, with the modelled KV bytes per token (the simulated pool holds stand-ins).
+            let probe = Probe { bytes_per_token: profile.kv_bytes_per_token, ..engine.probe(hashes) };
+            if let Some(wanted) = probe.network_fetch(hashes.len(), profile.network_bandwidth) {
+                let first = wanted.start;
+                let run = store.lock().map(|mut store| store.fetch_run(&hashes[wanted])).unwrap_or(0);
                 if run > 0 {
                     delay = profile.network_latency_seconds
                         + run as f64 * profile.block_bytes() / profile.network_bandwidth;

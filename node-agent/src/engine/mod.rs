@@ -34,7 +34,7 @@ use crate::model::sampling::Sampler;
 use crate::tiers::host::BlockBytes;
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use executor::{ChunkSpec, Executor};
-pub use metrics_sink::{MetricsSink, NoMetrics};
+pub use metrics_sink::{MetricsSink, NoMetrics, StepCost};
 use rates::StepRates;
 pub use request::{GenerateError, Output, OutputSink, Usage};
 pub use tiering::{Prefetched, Tiering};
@@ -639,16 +639,13 @@ impl<E: Executor> Engine<E> {
                 report.finished += 1;
             }
         }
-        // What each step cost by shape: what a simulator cost profile of this machine is fitted to
-        // (bench/sim-check.sh reads these lines).
-        tracing::debug!(
-            target: "kvroute_node_agent::step",
-            tokens = prefill + decode,
+        self.metrics.step(&StepCost {
+            tokens: prefill + decode,
             sampled,
             attended,
-            forward_seconds = elapsed,
-            step_seconds = self.clock.now().saturating_sub(started).as_secs_f64(),
-        );
+            forward_seconds: elapsed,
+            step_seconds: self.clock.now().saturating_sub(started).as_secs_f64(),
+        });
         self.update_rates(prefill, decode, elapsed);
         report.prefill_tokens = prefill;
         report.decode_tokens = decode;
@@ -763,8 +760,18 @@ impl<E: Executor> Engine<E> {
         (host, network)
     }
 
+    /// How much of a chain the pool and host RAM hold, and the rates of the prefetch rule
+    /// ([`Probe::network_fetch`]); the engine thread's callers probe its [`resident::ResidentView`] instead.
+    pub fn probe(&self, hashes: &[BlockHash]) -> resident::Probe {
+        resident::Probe {
+            resident_blocks: self.resident_blocks(hashes),
+            bytes_per_token: self.bytes_per_token(),
+            prefill_tokens_per_second: self.stats.prefill_tokens_per_second,
+        }
+    }
+
     /// Leading blocks of a chain held by the pool or host RAM.
-    pub fn resident_blocks(&self, hashes: &[BlockHash]) -> usize {
+    fn resident_blocks(&self, hashes: &[BlockHash]) -> usize {
         hashes
             .iter()
             .take_while(|hash| {

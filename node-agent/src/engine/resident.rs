@@ -8,10 +8,13 @@
 
 use std::collections::HashSet;
 use std::hash::BuildHasherDefault;
+use std::ops::Range;
 use std::sync::RwLock;
 
 use kvroute_proto::block_hash::{BlockHash, BlockHashHasher};
 use kvroute_proto::domain::{KvEvent, Tier};
+
+use super::tiering::reload_beats_recompute;
 
 type BlockHashSet = HashSet<BlockHash, BuildHasherDefault<BlockHashHasher>>;
 
@@ -23,6 +26,16 @@ pub struct Probe {
     pub resident_blocks: usize,
     pub bytes_per_token: f64,
     pub prefill_tokens_per_second: f64,
+}
+
+impl Probe {
+    /// The prefetch rule, one for the agent, the simulator and the tests: of a prompt of `blocks` blocks,
+    /// fetch from the network tier the ones after those the pool and host RAM hold, when reloading them at
+    /// `network_bandwidth` beats recomputing them; `None` when there is nothing to fetch.
+    pub fn network_fetch(&self, blocks: usize, network_bandwidth: f64) -> Option<Range<usize>> {
+        let pays = reload_beats_recompute(network_bandwidth, self.bytes_per_token, self.prefill_tokens_per_second);
+        (self.resident_blocks < blocks && pays).then_some(self.resident_blocks..blocks)
+    }
 }
 
 #[derive(Default)]
@@ -121,6 +134,18 @@ mod tests {
         let probe = view.probe(&[hash(1), hash(2), hash(3), hash(4), hash(1)]);
         assert_eq!(probe, Probe { resident_blocks: 3, bytes_per_token: 1024.0, prefill_tokens_per_second: 500.0 });
         assert_eq!(view.probe(&[hash(4), hash(1)]).resident_blocks, 0, "the network tier is not resident");
+    }
+
+    #[test]
+    fn the_prefetch_rule_fetches_the_rest_of_the_chain_only_when_reloading_pays() {
+        // 1 KiB per token at 500 tokens/s: recomputing costs 512 KB/s of bandwidth.
+        let probe = Probe { resident_blocks: 3, bytes_per_token: 1024.0, prefill_tokens_per_second: 500.0 };
+        assert_eq!(probe.network_fetch(8, 1e6), Some(3..8));
+        assert_eq!(probe.network_fetch(8, 1e5), None, "slower than recomputing");
+        assert_eq!(probe.network_fetch(8, 0.0), Some(3..8), "an unmeasured tier is tried");
+        assert_eq!(probe.network_fetch(3, 1e6), None, "nothing beyond what is resident");
+        let cold = Probe { prefill_tokens_per_second: 0.0, ..probe };
+        assert_eq!(cold.network_fetch(8, 1e5), Some(3..8), "an unmeasured engine tries the tier");
     }
 
     #[test]

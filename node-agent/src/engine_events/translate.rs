@@ -47,7 +47,7 @@ use super::decode::{AllBlocksCleared, BlockRemoved, BlockStored, EngineBatch, En
 use super::salt::{DEFAULT_SALT_CAPACITY, SALT_PREFIX, SaltRegistry};
 
 /// Tokens in one kvroute block.
-pub const KV_BLOCK_TOKENS: u32 = 16;
+pub const KV_BLOCK_TOKENS: u32 = kvroute_proto::block_hash::DEFAULT_BLOCK_SIZE;
 /// A live batch with a seq below this, after a higher one, is a restarted engine (see the module doc).
 pub const RESTART_BELOW: u64 = 4096;
 /// Engine blocks tracked at most by default.

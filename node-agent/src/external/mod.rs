@@ -35,8 +35,8 @@ use crate::engine_events::{Translator, one_off_salt};
 use http::Endpoint;
 use ledger::Ledger;
 
-/// How often the engine's `/metrics` and `/health` are read.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// How often the engine's `/metrics` and `/health` are read unless `--engine-poll-ms` says otherwise.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Failed polls in a row after which the agent reports itself draining (the engine stopped answering).
 pub const FAILED_POLLS_TO_DRAIN: u32 = 3;
@@ -241,16 +241,16 @@ impl ExternalEngine {
         Ok(())
     }
 
-    /// Reads the engine's health and metrics every [`POLL_INTERVAL`] until the agent drains: the gauges go
+    /// Reads the engine's health and metrics every `interval` until the agent drains: the gauges go
     /// into the reported load, and [`FAILED_POLLS_TO_DRAIN`] failures in a row mark the engine down (the
     /// replica reports itself draining, so gateways send it nothing new) until it answers again.
-    pub async fn poll(self) {
+    pub async fn poll(self, interval: Duration) {
         let mut failures = 0u32;
-        let mut ticker = tokio::time::interval(POLL_INTERVAL);
+        let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while !self.inner.draining.load(Ordering::Acquire) {
             ticker.tick().await;
-            match self.read_gauges().await {
+            match self.read_gauges(interval).await {
                 Ok(gauges) => {
                     failures = 0;
                     // Before the replica is routed to again: the event feed starts a new epoch when the
@@ -275,17 +275,17 @@ impl ExternalEngine {
         }
     }
 
-    async fn read_gauges(&self) -> Result<engine_metrics::EngineGauges, String> {
+    async fn read_gauges(&self, interval: Duration) -> Result<engine_metrics::EngineGauges, String> {
         let endpoint = &self.inner.facts.endpoint;
         // SGLang's /health goes through its scheduler, which sleeps up to a second between polls when idle
         // (--sleep-on-idle); vLLM's answers at once.
         let health_timeout = match self.inner.facts.kind {
             EngineKind::Sglang => SGLANG_HEALTH_TIMEOUT,
-            _ => POLL_INTERVAL * 4,
+            _ => interval * 4,
         };
         let (health, metrics) = tokio::join!(
             endpoint.call(hyper::Method::GET, "/health", None, health_timeout),
-            endpoint.call(hyper::Method::GET, "/metrics", None, POLL_INTERVAL * 4),
+            endpoint.call(hyper::Method::GET, "/metrics", None, interval * 4),
         );
         let (health, _) = health.map_err(|error| format!("/health: {error}"))?;
         if health != 200 {

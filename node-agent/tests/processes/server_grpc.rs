@@ -181,6 +181,15 @@ fn check_config_and_capacity_commands() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("int3"));
     let threads = Command::new(binary).args(["--compute-threads", "1", "--check-config"]).output().unwrap();
     assert!(threads.status.success(), "{}", String::from_utf8_lossy(&threads.stderr));
+    let external =
+        ["--engine", "vllm", "--engine-url", "http://127.0.0.1:1", "--engine-kv-events", "tcp://127.0.0.1:2"];
+    let step_log = Command::new(binary)
+        .args(external)
+        .args(["--model-dir", ".", "--step-log", "s", "--check-config"])
+        .output()
+        .unwrap();
+    assert!(!step_log.status.success());
+    assert!(String::from_utf8_lossy(&step_log.stderr).contains("--step-log"));
     let no_threads = Command::new(binary).args(["--compute-threads", "0", "--check-config"]).output().unwrap();
     assert!(!no_threads.status.success());
     assert!(String::from_utf8_lossy(&no_threads.stderr).contains("compute-threads"));
@@ -191,6 +200,40 @@ fn check_config_and_capacity_commands() {
         .unwrap();
     let text = String::from_utf8(capacity.stdout).unwrap();
     assert!(text.contains("contiguous reservation: 13"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_log_records_every_computed_token_and_sample() {
+    let path = std::env::temp_dir().join(format!("kvroute-steps-{}-{}.jsonl", std::process::id(), free_port()));
+    let agent = start_agent(&["--step-log", path.to_str().unwrap()]);
+    let mut client = client(agent.grpc).await;
+    let (tokens, usage) = generate(&mut client, (1..40).collect(), 6).await;
+    assert_eq!(tokens.len(), 6);
+    // The prompt once, then each generated token but the last as the next step's input; one sample per token.
+    let expected = (usage.prompt_tokens + usage.completion_tokens - 1) as u64;
+    let totals =
+        kvroute_test_support::wait_until("the step log to hold the request's steps", Duration::from_secs(10), || {
+            let text = std::fs::read_to_string(&path).map_err(|error| error.to_string())?;
+            let (mut computed, mut sampled) = (0u64, 0u64);
+            for line in text.lines() {
+                let record: serde_json::Value =
+                    serde_json::from_str(line).map_err(|error| format!("{line}: {error}"))?;
+                computed += record["tokens"].as_u64().ok_or("tokens")?;
+                sampled += record["sampled"].as_u64().ok_or("sampled")?;
+                let seconds = record["step_seconds"].as_f64().ok_or("step_seconds")?;
+                let forward = record["forward_seconds"].as_f64().ok_or("forward_seconds")?;
+                if !(forward >= 0.0 && seconds >= forward) {
+                    return Err(format!("a step shorter than its forward pass: {line}"));
+                }
+            }
+            if (computed, sampled) == (expected, 6) {
+                Ok((computed, sampled))
+            } else {
+                Err(format!("{computed} tokens, {sampled} samples"))
+            }
+        });
+    std::fs::remove_file(&path).ok();
+    totals.unwrap_or_else(|error| panic!("{error}\n{}", agent.process.log_tail()));
 }
 
 fn http_get(addr: SocketAddr, path: &str) -> String {

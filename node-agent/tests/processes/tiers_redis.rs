@@ -107,9 +107,14 @@ impl Agent {
         let prefetched = match &self.network {
             Some(network) => {
                 let hashes = BlockHasher::new(BLOCK as u32, "tiny-random", scope).hashes(prompt);
-                let first = self.engine.resident_blocks(&hashes);
-                let blocks = network.fetch_run(&hashes[first..]).await;
-                Prefetched { first_block: first, blocks, hold: None }
+                match self.engine.probe(&hashes).network_fetch(hashes.len(), network.read_bandwidth()) {
+                    Some(wanted) => Prefetched {
+                        first_block: wanted.start,
+                        blocks: network.fetch_run(&hashes[wanted]).await,
+                        hold: None,
+                    },
+                    None => Prefetched::default(),
+                }
             }
             None => Prefetched::default(),
         };
