@@ -40,6 +40,18 @@ pub struct NetworkConfig {
     pub queue_capacity: usize,
     /// Upper bound on one read or write round trip.
     pub timeout: Duration,
+    /// The client of a standalone server.
+    pub client: StandaloneClient,
+}
+
+/// Which client talks to a standalone server (a cluster always uses the `redis` crate's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StandaloneClient {
+    /// `resp_client.rs`: pooled connections, one pipeline per connection at a time.
+    #[default]
+    Resp,
+    /// The `redis` crate's multiplexed connections, as many as reads in flight.
+    Crate,
 }
 
 impl Default for NetworkConfig {
@@ -51,6 +63,7 @@ impl Default for NetworkConfig {
             ttl: None,
             queue_capacity: 1024,
             timeout: Duration::from_millis(500),
+            client: StandaloneClient::default(),
         }
     }
 }
@@ -61,7 +74,14 @@ pub type EventCallback = Arc<dyn Fn(KvEvent) + Send + Sync>;
 #[derive(Clone)]
 enum Connection {
     Single(Arc<RespPool>),
+    Multiplexed(Arc<Multiplexed>),
     Cluster(ClusterConnection),
+}
+
+/// Multiplexed connections to one server, used in turn.
+struct Multiplexed {
+    connections: Vec<redis::aio::MultiplexedConnection>,
+    next: std::sync::atomic::AtomicUsize,
 }
 
 impl Connection {
@@ -71,18 +91,31 @@ impl Connection {
     async fn run_each(&mut self, ops: Vec<Op>) -> Result<Vec<Reply>, String> {
         match self {
             Connection::Single(pool) => pool.run(&ops).await.map_err(|error| error.to_string()),
+            Connection::Multiplexed(multiplexed) => {
+                let turn = multiplexed.next.fetch_add(1, Ordering::Relaxed) % multiplexed.connections.len();
+                let mut conn = multiplexed.connections[turn].clone();
+                let mut pipe = redis::pipe();
+                for op in ops {
+                    pipe.add_command(cluster_command(op));
+                }
+                let values: Vec<redis::Value> = pipe.query_async(&mut conn).await.map_err(|error| error.to_string())?;
+                refused(values.into_iter().map(reply_of).collect())
+            }
             Connection::Cluster(conn) => {
                 let replies = ops.into_iter().map(|op| {
                     let mut conn = conn.clone();
                     async move { cluster_command(op).query_async::<redis::Value>(&mut conn).await.map(reply_of) }
                 });
-                let replies = futures::future::try_join_all(replies).await.map_err(|error| error.to_string())?;
-                match replies.iter().find_map(|r| if let Reply::Error(text) = r { Some(text) } else { None }) {
-                    Some(text) => Err(format!("redis refused a command: {text}")),
-                    None => Ok(replies),
-                }
+                refused(futures::future::try_join_all(replies).await.map_err(|error| error.to_string())?)
             }
         }
+    }
+}
+
+fn refused(replies: Vec<Reply>) -> Result<Vec<Reply>, String> {
+    match replies.iter().find_map(|r| if let Reply::Error(text) = r { Some(text) } else { None }) {
+        Some(text) => Err(format!("redis refused a command: {text}")),
+        None => Ok(replies),
     }
 }
 
@@ -387,6 +420,22 @@ impl Shared {
             return client.get_async_connection().await.map(Connection::Cluster).map_err(|e| e.to_string());
         }
         let url = self.config.url.as_deref().unwrap_or("redis://127.0.0.1:6379/0");
+        if self.config.client == StandaloneClient::Crate {
+            let client = redis::Client::open(url).map_err(|error| error.to_string())?;
+            // The tier bounds every call itself.
+            let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+            let mut connections = Vec::with_capacity(FETCHES_IN_FLIGHT);
+            for _ in 0..FETCHES_IN_FLIGHT {
+                connections.push(
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await
+                        .map_err(|error| error.to_string())?,
+                );
+            }
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            return Ok(Connection::Multiplexed(Arc::new(Multiplexed { connections, next })));
+        }
         // Room for a record's header beyond its payload.
         let pool = RespPool::from_url(url, self.payload_len as usize + 4096).map_err(|error| error.to_string())?;
         // Connect (and log in) now, so that "up" means reachable.
