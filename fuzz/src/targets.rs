@@ -17,7 +17,8 @@ use kvroute_gateway::upstream::subscription::StreamCheck;
 use kvroute_node_agent::engine_events::frames::{self, ReplayReply};
 use kvroute_node_agent::engine_events::zmtp::{self, Codec, Limits, SocketType};
 use kvroute_node_agent::engine_events::{EngineEvent, Source, Step, Translator, TranslatorConfig, decode_batch};
-use kvroute_node_agent::tiers::resp::parse_reply;
+use kvroute_node_agent::tiers::resp::{Reply, parse_reply};
+use kvroute_node_agent::tiers::resp_cluster;
 use kvroute_proto::block_record::{self, Expected, ModelFingerprint};
 use kvroute_proto::domain::{AgentGenerateRequest, AgentInfo, KvDtype, KvEvent, KvEventBatch, KvGeometry, LoadStats};
 use kvroute_proto::gguf::GgufFile;
@@ -404,16 +405,36 @@ fn block_record_seeds() -> Vec<Vec<u8>> {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// redis_reply: bytes from a Redis server, parsed reply after reply as the agent's client does.
+// redis_reply: bytes from a Redis server, parsed reply after reply as the agent's client does; error
+// replies also as a cluster's redirections, and the bytes as a key to find the slot of.
 
-const RESP_WORDS: &[&str] = &["\r\n", "+OK", "-ERR", ":", "$", "$-1", "*", "-1", "9223372036854775807", "$99999999"];
+const RESP_WORDS: &[&str] = &[
+    "\r\n",
+    "+OK",
+    "-ERR",
+    ":",
+    "$",
+    "$-1",
+    "*",
+    "-1",
+    "9223372036854775807",
+    "$99999999",
+    "-MOVED ",
+    "-ASK ",
+    "{",
+    "}",
+];
 
 fn redis_reply(data: &[u8]) -> String {
+    assert!(resp_cluster::key_slot(data) < resp_cluster::SLOTS);
     let mut rest = data;
     let mut replies = 0;
     loop {
         match parse_reply(rest, 1 << 16) {
-            Ok(Some((_, used))) => {
+            Ok(Some((reply, used))) => {
+                if let Reply::Error(text) = &reply {
+                    resp_cluster::redirect_of(text);
+                }
                 assert!(used > 0 && used <= rest.len(), "a reply takes between 1 and all of the bytes: {used}");
                 rest = &rest[used..];
                 replies += 1;
@@ -426,7 +447,11 @@ fn redis_reply(data: &[u8]) -> String {
 }
 
 fn redis_reply_seeds() -> Vec<Vec<u8>> {
-    vec![b"+OK\r\n:42\r\n$5\r\nhello\r\n$-1\r\n-ERR wrong\r\n".to_vec(), b"$3\r\nab".to_vec()]
+    vec![
+        b"+OK\r\n:42\r\n$5\r\nhello\r\n$-1\r\n-ERR wrong\r\n".to_vec(),
+        b"$3\r\nab".to_vec(),
+        b"-MOVED 3999 127.0.0.1:6381\r\n-ASK 1 [::1]:7000\r\n".to_vec(),
+    ]
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ use kvroute_node_agent::engine::tiering::SpillFn;
 use kvroute_node_agent::engine::{Engine, EngineConfig, Executor, Output, Prefetched, Tiering};
 use kvroute_node_agent::model::Model;
 use kvroute_node_agent::tiers::host::HostTier;
-use kvroute_node_agent::tiers::network::{NetworkConfig, NetworkTier, StandaloneClient};
+use kvroute_node_agent::tiers::network::{NetworkConfig, NetworkTier};
 use kvroute_node_agent::tiers::resp::Op;
 use kvroute_node_agent::tiers::resp_client::RespPool;
 use kvroute_proto::block_record::{self, ModelFingerprint};
@@ -183,8 +183,7 @@ async fn throughput(spec: &str, redis: &RedisServer) -> Result<(), Box<dyn std::
     let geometry = model.config().kv_geometry(KvDtype::Bf16);
     let fingerprint = ModelFingerprint::new(model.model_id(), &geometry, BLOCK_SIZE as u32);
     let payload_len = geometry.bytes_per_block(BLOCK_SIZE as u32);
-    // The tier twice, on each standalone client, under keys of its own.
-    let tier_on = |client: StandaloneClient, prefix: &str| {
+    let tier_on = |prefix: &str| {
         let stored = Arc::new(AtomicUsize::new(0));
         let counter = stored.clone();
         let events = Arc::new(move |event| {
@@ -196,13 +195,11 @@ async fn throughput(spec: &str, redis: &RedisServer) -> Result<(), Box<dyn std::
             url: Some(redis.url()),
             queue_capacity: THROUGHPUT_BYTES.div_ceil(payload_len as usize),
             key_prefix: prefix.into(),
-            client,
             ..NetworkConfig::default()
         };
         (NetworkTier::start(config, fingerprint, BLOCK_SIZE as u32, payload_len, events), stored)
     };
-    let (network, stored) = tier_on(StandaloneClient::Resp, "throughput");
-    let (network_crate, stored_crate) = tier_on(StandaloneClient::Crate, "throughput-crate");
+    let (network, stored) = tier_on("throughput");
     let count = THROUGHPUT_BYTES.div_ceil(payload_len as usize);
     let hashes = BlockHasher::new(BLOCK_SIZE as u32, "throughput", b"").hashes(&tokens(count * BLOCK_SIZE, 50_000, 9));
     let payloads: Vec<Arc<Vec<u8>>> =
@@ -222,7 +219,6 @@ async fn throughput(spec: &str, redis: &RedisServer) -> Result<(), Box<dyn std::
     let port = redis.port().to_string();
     // Connect before timing.
     network.fetch_run(&hashes[..1]).await;
-    network_crate.fetch_run(&hashes[..1]).await;
 
     // Rounds alternate the three so that a noisy neighbour slows all three alike; the first round warms
     // connections and memory and is not counted. Every write round starts from an empty Redis.
@@ -234,9 +230,6 @@ async fn throughput(spec: &str, redis: &RedisServer) -> Result<(), Box<dyn std::
         let start = Instant::now();
         spill_all(&network, &stored, &hashes, &payloads).await;
         writes.add(round, TIER, megabytes / start.elapsed().as_secs_f64());
-        let start = Instant::now();
-        spill_all(&network_crate, &stored_crate, &hashes, &payloads).await;
-        writes.add(round, TIER_CRATE, megabytes / start.elapsed().as_secs_f64());
         let start = Instant::now();
         write_with_client(&pool, &keys, &records).await?;
         writes.add(round, HAND, megabytes / start.elapsed().as_secs_f64());
@@ -251,7 +244,6 @@ async fn throughput(spec: &str, redis: &RedisServer) -> Result<(), Box<dyn std::
 
     redis::cmd("FLUSHALL").exec(&mut flush)?;
     spill_all(&network, &stored, &hashes, &payloads).await;
-    spill_all(&network_crate, &stored_crate, &hashes, &payloads).await;
     write_with_client(&pool, &keys, &records).await?;
     let mut reads = Rates::default();
     let mut windowed = Rates::default();
@@ -259,11 +251,6 @@ async fn throughput(spec: &str, redis: &RedisServer) -> Result<(), Box<dyn std::
         let start = Instant::now();
         let read = network.fetch_run(&hashes).await;
         reads.add(round, TIER, megabytes / start.elapsed().as_secs_f64());
-        assert_eq!(read.len(), count, "every block reads back");
-        drop(read);
-        let start = Instant::now();
-        let read = network_crate.fetch_run(&hashes).await;
-        reads.add(round, TIER_CRATE, megabytes / start.elapsed().as_secs_f64());
         assert_eq!(read.len(), count, "every block reads back");
         drop(read);
         let start = Instant::now();
@@ -296,7 +283,6 @@ const FETCHES_IN_FLIGHT: usize = 8;
 
 /// Series of the throughput table.
 const TIER: &str = "network tier";
-const TIER_CRATE: &str = "network tier on the redis crate";
 const HAND: &str = "its RESP client (resp_client.rs)";
 const CRATE: &str = "the redis crate (MultiplexedConnection)";
 const RAW: &str = "redis-benchmark (1 client, pipeline 16)";
@@ -457,9 +443,6 @@ impl Rates {
             println!("  network tier / raw, medians: {ratio:.0}%");
         } else if self.median(TIER).is_some() {
             println!("  redis-benchmark not found: raw throughput not measured");
-        }
-        if let Some(ratio) = ratio(TIER, TIER_CRATE) {
-            println!("  network tier on its RESP client / on the redis crate, medians: {ratio:.0}%");
         }
         if let Some(ratio) = ratio(HAND, CRATE) {
             println!("  RESP client / redis crate, medians: {ratio:.0}%");

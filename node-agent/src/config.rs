@@ -246,7 +246,6 @@ impl ServeArgs {
             ttl: self.redis_ttl.map(std::time::Duration::from_secs),
             queue_capacity: self.redis_queue,
             timeout: std::time::Duration::from_millis(self.redis_timeout_ms),
-            ..NetworkConfig::default()
         })
     }
 

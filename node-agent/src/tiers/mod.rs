@@ -5,3 +5,4 @@ pub mod host;
 pub mod network;
 pub mod resp;
 pub mod resp_client;
+pub mod resp_cluster;

@@ -18,12 +18,12 @@ use futures::StreamExt;
 use kvroute_proto::block_hash::BlockHash;
 use kvroute_proto::block_record::{self, Expected, ModelFingerprint};
 use kvroute_proto::domain::{KvEvent, Tier};
-use redis::cluster_async::ClusterConnection;
 use tokio::sync::{Mutex, mpsc};
 
 use super::host::BlockBytes;
 use super::resp::{Op, Reply};
 use super::resp_client::RespPool;
+use super::resp_cluster::ClusterPool;
 use crate::metrics;
 
 /// Where the shared tier lives and how it is used.
@@ -40,18 +40,6 @@ pub struct NetworkConfig {
     pub queue_capacity: usize,
     /// Upper bound on one read or write round trip.
     pub timeout: Duration,
-    /// The client of a standalone server.
-    pub client: StandaloneClient,
-}
-
-/// Which client talks to a standalone server (a cluster always uses the `redis` crate's).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum StandaloneClient {
-    /// `resp_client.rs`: pooled connections, one pipeline per connection at a time.
-    #[default]
-    Resp,
-    /// The `redis` crate's multiplexed connections, as many as reads in flight.
-    Crate,
 }
 
 impl Default for NetworkConfig {
@@ -63,7 +51,6 @@ impl Default for NetworkConfig {
             ttl: None,
             queue_capacity: 1024,
             timeout: Duration::from_millis(500),
-            client: StandaloneClient::default(),
         }
     }
 }
@@ -74,81 +61,19 @@ pub type EventCallback = Arc<dyn Fn(KvEvent) + Send + Sync>;
 #[derive(Clone)]
 enum Connection {
     Single(Arc<RespPool>),
-    Multiplexed(Arc<Multiplexed>),
-    Cluster(ClusterConnection),
-}
-
-/// Multiplexed connections to one server, used in turn.
-struct Multiplexed {
-    connections: Vec<redis::aio::MultiplexedConnection>,
-    next: std::sync::atomic::AtomicUsize,
+    Cluster(Arc<ClusterPool>),
 }
 
 impl Connection {
     /// Runs commands on keys of any slot, replies in order: one pipeline on a standalone server; on a
-    /// cluster the keys live on different nodes, so every command goes to its node, all in flight at once.
-    /// A server error reply to any command fails the whole call.
+    /// cluster one pipeline per node that serves the keys, all at once. A server error reply to any command
+    /// fails the whole call.
     async fn run_each(&mut self, ops: Vec<Op>) -> Result<Vec<Reply>, String> {
-        match self {
-            Connection::Single(pool) => pool.run(&ops).await.map_err(|error| error.to_string()),
-            Connection::Multiplexed(multiplexed) => {
-                let turn = multiplexed.next.fetch_add(1, Ordering::Relaxed) % multiplexed.connections.len();
-                let mut conn = multiplexed.connections[turn].clone();
-                let mut pipe = redis::pipe();
-                for op in ops {
-                    pipe.add_command(cluster_command(op));
-                }
-                let values: Vec<redis::Value> = pipe.query_async(&mut conn).await.map_err(|error| error.to_string())?;
-                refused(values.into_iter().map(reply_of).collect())
-            }
-            Connection::Cluster(conn) => {
-                let replies = ops.into_iter().map(|op| {
-                    let mut conn = conn.clone();
-                    async move { cluster_command(op).query_async::<redis::Value>(&mut conn).await.map(reply_of) }
-                });
-                refused(futures::future::try_join_all(replies).await.map_err(|error| error.to_string())?)
-            }
-        }
-    }
-}
-
-fn refused(replies: Vec<Reply>) -> Result<Vec<Reply>, String> {
-    match replies.iter().find_map(|r| if let Reply::Error(text) = r { Some(text) } else { None }) {
-        Some(text) => Err(format!("redis refused a command: {text}")),
-        None => Ok(replies),
-    }
-}
-
-fn cluster_command(op: Op) -> redis::Cmd {
-    match op {
-        Op::Get(key) | Op::GetSplit { key, .. } => redis::Cmd::get(key),
-        Op::Set { key, mut head, body, ttl_seconds } => {
-            head.extend_from_slice(&body);
-            match ttl_seconds {
-                Some(ttl) => redis::Cmd::set_ex(key, head, ttl),
-                None => redis::Cmd::set(key, head),
-            }
-        }
-        Op::Del(key) => redis::Cmd::del(key),
-        Op::Ping => redis::cmd("PING"),
-        Op::Auth { username, password } => {
-            let mut cmd = redis::cmd("AUTH");
-            cmd.arg(username).arg(password);
-            cmd
-        }
-        Op::Select(db) => redis::cmd("SELECT").arg(db).clone(),
-    }
-}
-
-fn reply_of(value: redis::Value) -> Reply {
-    match value {
-        redis::Value::Nil => Reply::Bulk(None),
-        redis::Value::BulkString(bytes) => Reply::Bulk(Some(bytes)),
-        redis::Value::Int(value) => Reply::Integer(value),
-        redis::Value::Okay => Reply::Status("OK".into()),
-        redis::Value::SimpleString(text) => Reply::Status(text),
-        redis::Value::ServerError(error) => Reply::Error(format!("{error:?}")),
-        other => Reply::Error(format!("unexpected reply {other:?}")),
+        let replies = match self {
+            Connection::Single(pool) => pool.run(&ops).await,
+            Connection::Cluster(pool) => pool.run(&ops).await,
+        };
+        replies.map_err(|error| error.to_string())
     }
 }
 
@@ -339,8 +264,8 @@ async fn fetch_window(shared: Arc<Shared>, mut connection: Connection, window: V
             hash,
             payload_len: shared.payload_len,
         };
-        // A standalone server's client splits the record's header from its payload as it reads; a cluster's
-        // whole value is split here.
+        // The client splits the record's header from its payload as it reads (a plain GET's whole value, as a
+        // record written by another version might come, is split here).
         let (head, payload) = match reply {
             Reply::Split(Some(parts)) => parts,
             Reply::Bulk(Some(mut record)) => {
@@ -414,30 +339,17 @@ impl Shared {
     }
 
     async fn connect(&self) -> Result<Connection, String> {
+        // Room for a record's header beyond its payload.
+        let max_bulk = self.payload_len as usize + 4096;
         if !self.config.cluster_nodes.is_empty() {
-            let client =
-                redis::cluster::ClusterClient::new(self.config.cluster_nodes.clone()).map_err(|e| e.to_string())?;
-            return client.get_async_connection().await.map(Connection::Cluster).map_err(|e| e.to_string());
+            let pool =
+                ClusterPool::from_urls(&self.config.cluster_nodes, max_bulk).map_err(|error| error.to_string())?;
+            // Reach a node now, so that "up" means reachable.
+            pool.run(&[Op::Ping]).await.map_err(|error| error.to_string())?;
+            return Ok(Connection::Cluster(Arc::new(pool)));
         }
         let url = self.config.url.as_deref().unwrap_or("redis://127.0.0.1:6379/0");
-        if self.config.client == StandaloneClient::Crate {
-            let client = redis::Client::open(url).map_err(|error| error.to_string())?;
-            // The tier bounds every call itself.
-            let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-            let mut connections = Vec::with_capacity(FETCHES_IN_FLIGHT);
-            for _ in 0..FETCHES_IN_FLIGHT {
-                connections.push(
-                    client
-                        .get_multiplexed_async_connection_with_config(&config)
-                        .await
-                        .map_err(|error| error.to_string())?,
-                );
-            }
-            let next = std::sync::atomic::AtomicUsize::new(0);
-            return Ok(Connection::Multiplexed(Arc::new(Multiplexed { connections, next })));
-        }
-        // Room for a record's header beyond its payload.
-        let pool = RespPool::from_url(url, self.payload_len as usize + 4096).map_err(|error| error.to_string())?;
+        let pool = RespPool::from_url(url, max_bulk).map_err(|error| error.to_string())?;
         // Connect (and log in) now, so that "up" means reachable.
         pool.run(&[Op::Ping]).await.map_err(|error| error.to_string())?;
         Ok(Connection::Single(Arc::new(pool)))

@@ -1,6 +1,6 @@
 //! The Redis protocol (RESP2) for the network tier's few commands: encoding a pipeline of them, and parsing
 //! reply headers. Pure functions over bytes (no I/O), so they are unit-tested and fuzzable; the connection
-//! that uses them is `resp_client`.
+//! that uses them is `resp_client`, and `resp_cluster` routes them over a Redis Cluster.
 
 use std::sync::Arc;
 
@@ -31,6 +31,8 @@ pub enum Op {
         password: String,
     },
     Select(i64),
+    /// Lets the next command reach a slot being migrated to this node (after an `-ASK` redirection).
+    Asking,
 }
 
 /// A reply, as the tier uses it.
@@ -97,6 +99,7 @@ pub fn encode(ops: &[Op], buf: &mut Vec<u8>) {
             }
             Op::Auth { username: None, password } => command(buf, &[b"AUTH", password.as_bytes()]),
             Op::Select(db) => command(buf, &[b"SELECT", db.to_string().as_bytes()]),
+            Op::Asking => command(buf, &[b"ASKING"]),
         }
     }
 }
@@ -109,7 +112,7 @@ pub fn encoded_len_hint(ops: &[Op]) -> usize {
             Op::Set { key, head, body, .. } => 64 + key.len() + head.len() + body.len(),
             Op::Get(key) | Op::GetSplit { key, .. } | Op::Del(key) => 32 + key.len(),
             Op::Auth { username, password } => 48 + username.as_ref().map_or(0, String::len) + password.len(),
-            Op::Ping | Op::Select(_) => 48,
+            Op::Ping | Op::Select(_) | Op::Asking => 48,
         })
         .sum()
 }

@@ -61,6 +61,11 @@ impl RespPool {
     /// Runs `ops` as one pipeline; the replies come back in order. A server error reply to any command is
     /// [`ClientError::Refused`].
     pub async fn run(&self, ops: &[Op]) -> Result<Vec<Reply>, ClientError> {
+        refused(self.run_replies(ops).await?)
+    }
+
+    /// Runs `ops` as one pipeline; the replies come back in order, server errors among them.
+    pub async fn run_replies(&self, ops: &[Op]) -> Result<Vec<Reply>, ClientError> {
         let idle = self.idle.lock().ok().and_then(|mut idle| idle.pop());
         let mut connection = match idle {
             Some(connection) => connection,
@@ -72,7 +77,23 @@ impl RespPool {
         {
             idle.push(connection);
         }
-        refused(replies)
+        Ok(replies)
+    }
+
+    /// The server's host and port.
+    pub fn address(&self) -> (&str, u16) {
+        (&self.host, self.port)
+    }
+
+    /// A pool for another server with this one's login and reply limit (a cluster's other nodes).
+    pub fn at(&self, host: &str, port: u16) -> RespPool {
+        RespPool {
+            host: host.to_string(),
+            port,
+            login: self.login.clone(),
+            max_bulk: self.max_bulk,
+            idle: Mutex::new(Vec::new()),
+        }
     }
 
     async fn connect(&self) -> Result<Connection, ClientError> {
@@ -86,7 +107,8 @@ impl RespPool {
     }
 }
 
-fn refused(replies: Vec<Reply>) -> Result<Vec<Reply>, ClientError> {
+/// `replies`, or [`ClientError::Refused`] with the first server error among them.
+pub fn refused(replies: Vec<Reply>) -> Result<Vec<Reply>, ClientError> {
     match replies.iter().find_map(|reply| if let Reply::Error(text) = reply { Some(text) } else { None }) {
         Some(text) => Err(ClientError::Refused(text.clone())),
         None => Ok(replies),

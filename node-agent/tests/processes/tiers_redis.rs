@@ -418,25 +418,6 @@ async fn redis_cluster_tier_shares_blocks_across_agents() {
     assert_same(&cold, &on_b);
 }
 
-/// The tier on the `redis` crate's client (what `tier_reload` compares the RESP client with) shares blocks
-/// the same way.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_tier_on_the_redis_crate_client_shares_blocks_too() {
-    use kvroute_node_agent::tiers::network::StandaloneClient;
-    let redis = RedisServer::start();
-    let target = prompt(9, 22);
-    let cold = agent(64, 0, None).run(&target, b"").await;
-    let config = NetworkConfig { url: Some(redis.url()), client: StandaloneClient::Crate, ..network_config() };
-    let mut a = agent_with(12, 0, Some(config.clone()), 0);
-    a.run(&target, b"").await;
-    a.churn(4).await;
-    a.wait_written(&hashes(&target, b"")).await;
-    let mut b = agent_with(64, 0, Some(config), 0);
-    let on_b = b.run(&target, b"").await;
-    assert_eq!(on_b.cached_tokens, 20);
-    assert_same(&cold, &on_b);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_redis_client_logs_in_selects_the_database_and_reports_refusals() {
     use kvroute_node_agent::tiers::resp::{Op, Reply};
