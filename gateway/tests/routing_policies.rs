@@ -160,7 +160,8 @@ fn least_loaded_choices() {
 
 #[test]
 fn dynamo_cost_weighs_tiered_overlap_against_decode_blocks() {
-    // 10 blocks requested. logit = prefill blocks after overlap + KV blocks in use.
+    // 10 blocks requested. logit = (queued prefill tokens + the request's tokens beyond its overlap) / 16
+    // + KV blocks in use + the request's 10 (the same on every replica).
     check(
         PolicyKind::Dynamo,
         ScoringConfig::default(),
@@ -173,6 +174,11 @@ fn dynamo_cost_weighs_tiered_overlap_against_decode_blocks() {
             (&[State { host: 10, ..replica(0) }, State { gpu: 4, ..replica(1) }], Some(0)),
             // Network credit 0.25: 10 - 2.5 = 7.5 against 10 - 4 = 6.
             (&[State { network: 10, ..replica(0) }, State { gpu: 4, ..replica(1) }], Some(1)),
+            // Prefill queued ahead counts: (160 + 0) / 16 = 10 against (0 + 160) / 16 = 10, then 5 decode
+            // blocks tip it: the holder with a queue loses to the idle replica.
+            (&[State { gpu: 10, queued_tokens: 160, kv_used: 5, ..replica(0) }, replica(1)], Some(1)),
+            // A shorter queue keeps it: (80 + 0) / 16 = 5 against 10.
+            (&[State { gpu: 10, queued_tokens: 80, ..replica(0) }, replica(1)], Some(0)),
         ],
     );
 }

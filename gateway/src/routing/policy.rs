@@ -193,11 +193,14 @@ fn least_loaded(
     Decision { candidates: lines, ..decision(PolicyKind::LeastLoaded, chosen, "least_loaded", replicas) }
 }
 
-/// Dynamo's published KV-router cost (temperature 0):
-/// `logit = overlap_weight * prefill_blocks + decode_blocks`, where
-/// `prefill_blocks = request_blocks - overlap` with tier-weighted overlap
-/// (gpu 1, host `dynamo_host_credit`, network `dynamo_network_credit`) and
-/// `decode_blocks` the replica's KV blocks in use. Lowest wins; exact ties by RNG.
+/// Dynamo's KV router at temperature 0 (ai-dynamo/dynamo, `lib/kv-router/src/scheduling/selector.rs`,
+/// `DefaultWorkerSelector::select_worker`; docs/router "Cost Function"): `logit = overlap_score_weight *
+/// potential_prefill_blocks + potential_decode_blocks`, lowest wins. `potential_prefill_blocks` is the
+/// prefill tokens the worker would have with the request (those already queued there plus the request's
+/// tokens beyond its overlap) over the block size; `potential_decode_blocks` the blocks its active
+/// sequences would hold (the replica's KV blocks in use plus the request's). Defaults: weight 1.0. Dynamo's
+/// overlap counts the blocks its indexer saw stored; kvroute's extension credits host blocks
+/// `dynamo_host_credit` and network blocks `dynamo_network_credit` each (0 with tiers off). Exact ties by RNG.
 fn dynamo(
     request: &RouteRequest<'_>,
     replicas: &[ReplicaView],
@@ -207,12 +210,15 @@ fn dynamo(
 ) -> Decision {
     let mut lines = candidates(request, replicas, lookup, config);
     for (line, view) in lines.iter_mut().zip(replicas) {
-        let request_blocks = (request.prompt_tokens as f64 / f64::from(view.block_size.max(1))).ceil();
+        let block = f64::from(view.block_size.max(1));
+        let request_blocks = (request.prompt_tokens as f64 / block).ceil();
         let overlap = f64::from(line.gpu_blocks)
             + config.dynamo_host_credit * f64::from(line.host_blocks)
             + config.dynamo_network_credit * f64::from(line.network_blocks);
-        let prefill_blocks = (request_blocks - overlap).max(0.0);
-        line.policy_score = config.dynamo_overlap_weight * prefill_blocks + view.load.kv_blocks_used as f64;
+        let new_tokens = (request.prompt_tokens as f64 - overlap * block).max(0.0);
+        let prefill_blocks = (view.load.queued_prefill_tokens as f64 + new_tokens) / block;
+        let decode_blocks = view.load.kv_blocks_used as f64 + request_blocks;
+        line.policy_score = config.dynamo_overlap_weight * prefill_blocks + decode_blocks;
     }
     let chosen = lowest_then_random(&lines, rng);
     Decision { candidates: lines, ..decision(PolicyKind::Dynamo, chosen, "lowest_logit", replicas) }
