@@ -271,9 +271,9 @@ fn approx_radix_follows_its_own_history_within_balance_thresholds() {
     let owner = first.chosen.unwrap();
     let again = route(&mut policy, &system, &states, &mut rng);
     assert_eq!((again.chosen, again.rule), (Some(owner), "history_match"));
-    // Matching 4 of 10 blocks is under the 0.5 threshold: a replica with no history gets it.
-    let mut partial = system[..4].to_vec();
-    partial.extend(prompt(6, 8));
+    // Matching 2 of 10 blocks is under the 0.3 threshold: a replica with no history gets it.
+    let mut partial = system[..2].to_vec();
+    partial.extend(prompt(8, 8));
     let spread = route(&mut policy, &partial, &states, &mut rng);
     assert_eq!(spread.rule, "smallest_history");
     assert_ne!(spread.chosen, Some(owner));

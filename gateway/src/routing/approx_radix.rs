@@ -1,5 +1,6 @@
-//! `approx_radix`: SGLang's cache-aware router as a baseline. It guesses what
-//! each replica holds from this gateway's own routing history, not from
+//! `approx_radix`: SGLang's cache-aware router as a baseline (sglang-router 0.3.2, the `smg` gateway's
+//! `cache_aware` policy, with its defaults: cache threshold 0.3, balance thresholds 64 and 1.5; see
+//! `ScoringConfig`). It guesses what each replica holds from this gateway's own routing history, not from
 //! events. When loads are imbalanced (`max - min > abs` and `max > rel * min`)
 //! it takes the least loaded replica; otherwise the replica with the longest
 //! remembered prefix when its match ratio exceeds the cache threshold, else the

@@ -152,7 +152,9 @@ impl Default for ScoringConfig {
             prefix_hash_blocks: 4,
             prefix_hash_load_factor: 1.25,
             prefix_hash_virtual_nodes: 160,
-            radix_cache_threshold: 0.5,
+            // sglang-router 0.3.2's defaults (`smg launch --help`): --cache-threshold 0.3,
+            // --balance-abs-threshold 64, --balance-rel-threshold 1.5.
+            radix_cache_threshold: 0.3,
             radix_balance_abs_threshold: 64,
             radix_balance_rel_threshold: 1.5,
             radix_max_blocks: 1 << 20,
