@@ -59,7 +59,17 @@ impl AgentProcess {
     /// spilling to the Redis tier at `redis_url`; `extra` adds arguments.
     pub fn start_tiered(redis_url: &str, id: &str, extra: &[&str]) -> AgentProcess {
         let base = ["--model", "tiny-random", "--num-blocks", "24", "--host-cache-bytes", "64KiB"];
-        AgentProcess::start(&[&base[..], &["--redis-url", redis_url, "--agent-id", id], extra].concat())
+        let agent = AgentProcess::start(&[&base[..], &["--redis-url", redis_url, "--agent-id", id], extra].concat());
+        // The tier comes up on its first ping, after the agent already serves: a request before then would
+        // neither read nor write Redis.
+        wait_until(&format!("the network tier up on the agent at {}", agent.grpc), PATIENCE, || {
+            match agent.metric("kvroute_agent_tier_up{tier=\"network\"}") {
+                up if up == 1.0 => Ok(()),
+                up => Err(format!("kvroute_agent_tier_up{{tier=\"network\"}} = {up}")),
+            }
+        })
+        .unwrap();
+        agent
     }
 
     /// The sum of every series of metric `name` on the agent's `/metrics` (0 when absent).
