@@ -63,9 +63,11 @@ impl AgentProcess {
         // The tier comes up on its first ping, after the agent already serves: a request before then would
         // neither read nor write Redis.
         wait_until(&format!("the network tier up on the agent at {}", agent.grpc), PATIENCE, || {
-            match agent.metric("kvroute_agent_tier_up{tier=\"network\"}") {
-                up if up == 1.0 => Ok(()),
-                up => Err(format!("kvroute_agent_tier_up{{tier=\"network\"}} = {up}")),
+            let up = agent.metric("kvroute_agent_tier_up{tier=\"network\"}");
+            if up == 1.0 {
+                Ok(())
+            } else {
+                Err(format!("kvroute_agent_tier_up{{tier=\"network\"}} = {up}"))
             }
         })
         .unwrap();
