@@ -64,11 +64,7 @@ impl AgentProcess {
         // neither read nor write Redis.
         wait_until(&format!("the network tier up on the agent at {}", agent.grpc), PATIENCE, || {
             let up = agent.metric("kvroute_agent_tier_up{tier=\"network\"}");
-            if up == 1.0 {
-                Ok(())
-            } else {
-                Err(format!("kvroute_agent_tier_up{{tier=\"network\"}} = {up}"))
-            }
+            if up == 1.0 { Ok(()) } else { Err(format!("kvroute_agent_tier_up{{tier=\"network\"}} = {up}")) }
         })
         .unwrap();
         agent
