@@ -123,6 +123,9 @@ pub fn record_engine<E: Executor>(engine: &Engine<E>) {
     gauge!(REQUESTS_RUNNING).set(engine.num_running() as f64);
     gauge!(PREFILL_TOKENS_PER_SECOND).set(stats.prefill_tokens_per_second);
     gauge!(DECODE_STEP_SECONDS).set(stats.decode_step_seconds);
+    if let Some(host) = &engine.tiering().host {
+        record_tier_blocks(Tier::Host, host.len());
+    }
 }
 
 /// Engine mode: the load the agent reports for its engine, and whether the engine answers (every poll).
@@ -231,13 +234,15 @@ pub fn record_tier_blocks(tier: Tier, blocks: usize) {
     gauge!(TIER_BLOCKS, "tier" => tier.as_str()).set(blocks as f64);
 }
 
-pub fn record_tier_reload(tier: Tier, blocks: usize, bytes: usize, seconds: f64) {
+/// A reload of `bytes` from `tier` that took `seconds` (the blocks it brought are counted by
+/// [`record_tier_hit`] once the engine places them).
+pub fn record_tier_reload(tier: Tier, bytes: usize, seconds: f64) {
     counter!(TIER_BYTES, "tier" => tier.as_str(), "direction" => "read").increment(bytes as u64);
     metrics::histogram!(TIER_RELOAD_SECONDS, "tier" => tier.as_str()).record(seconds);
-    let _ = blocks;
 }
 
-pub fn record_tier_write(tier: Tier, blocks: usize, bytes: usize, _seconds: f64) {
+/// `blocks` blocks of `bytes` in all written to `tier`.
+pub fn record_tier_write(tier: Tier, blocks: usize, bytes: usize) {
     counter!(TIER_BYTES, "tier" => tier.as_str(), "direction" => "write").increment(bytes as u64);
     record_tier_stored(tier, blocks);
 }
@@ -297,7 +302,7 @@ impl MetricsSink for Prometheus {
         record_tier_evicted(tier, blocks);
     }
     fn tier_reload(&self, tier: Tier, bytes: usize, seconds: f64) {
-        record_tier_reload(tier, 0, bytes, seconds);
+        record_tier_reload(tier, bytes, seconds);
     }
     fn prefetch_held(&self, bytes: u64) {
         record_prefetch_held(bytes);

@@ -64,11 +64,6 @@ impl ChildProcess {
         &self.name
     }
 
-    /// Where the process's stderr goes.
-    pub fn log_path(&self) -> &Path {
-        &self.log
-    }
-
     /// The log's last [`LOG_TAIL`] bytes.
     pub fn log_tail(&self) -> String {
         let Ok(mut file) = std::fs::File::open(&self.log) else { return String::new() };

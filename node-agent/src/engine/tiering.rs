@@ -238,10 +238,6 @@ impl Tiering {
     pub fn host_hashes(&self) -> Vec<BlockHash> {
         self.host.as_ref().map(HostTier::hashes).unwrap_or_default()
     }
-
-    pub fn host_len(&self) -> usize {
-        self.host.as_ref().map_or(0, HostTier::len)
-    }
 }
 
 /// The reload rule: reloading a block beats recomputing it when the tier's

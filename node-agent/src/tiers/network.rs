@@ -228,7 +228,7 @@ impl NetworkTier {
             let bytes: usize = out.iter().map(|b| b.len()).sum();
             let seconds = started.elapsed().as_secs_f64().max(1e-6);
             shared.record_read(bytes as f64 / seconds);
-            metrics::record_tier_reload(Tier::Network, out.len(), bytes, seconds);
+            metrics::record_tier_reload(Tier::Network, bytes, seconds);
         }
         out
     }
@@ -428,7 +428,6 @@ async fn write_loop(shared: Arc<Shared>, queue: Arc<Mutex<mpsc::Receiver<(BlockH
             batch.clear();
             continue;
         };
-        let started = Instant::now();
         let mut bytes = 0usize;
         let sets: Vec<Op> = batch
             .iter()
@@ -442,7 +441,7 @@ async fn write_loop(shared: Arc<Shared>, queue: Arc<Mutex<mpsc::Receiver<(BlockH
         match tokio::time::timeout(shared.config.timeout * 4, connection.run_each(sets)).await {
             Ok(Ok(_)) => {
                 let hashes: Vec<BlockHash> = batch.iter().map(|(hash, _)| *hash).collect();
-                metrics::record_tier_write(Tier::Network, hashes.len(), bytes, started.elapsed().as_secs_f64());
+                metrics::record_tier_write(Tier::Network, hashes.len(), bytes);
                 (shared.events)(KvEvent::Stored { tier: Tier::Network, hashes });
             }
             Ok(Err(error)) => {
