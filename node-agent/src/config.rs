@@ -9,7 +9,7 @@ use kvroute_proto::DEFAULT_BLOCK_SIZE;
 use kvroute_proto::domain::KvDtype;
 
 use crate::capacity::parse_bytes;
-use crate::engine::{EngineConfig, PreemptionMode};
+use crate::engine::{DEFAULT_WRITE_THROUGH_HITS, EngineConfig, PreemptionMode};
 use crate::tiers::network::NetworkConfig;
 
 #[derive(Debug, Parser)]
@@ -96,7 +96,7 @@ pub struct ServeArgs {
     pub redis_ttl: Option<u64>,
     /// Write a pool block to Redis as soon as new requests have reused it this many times, so a hot prefix
     /// reaches the other replicas before it is evicted; 0 writes blocks only when host RAM evicts them.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = DEFAULT_WRITE_THROUGH_HITS)]
     pub redis_write_through_hits: u32,
     /// Blocks queued for writing to Redis before spills are dropped.
     #[arg(long, default_value_t = NetworkConfig::default().queue_capacity)]

@@ -21,6 +21,7 @@ use kvroute_gateway::service::ServiceConfig;
 use kvroute_node_agent::engine::publisher::HEARTBEAT;
 use kvroute_node_agent::engine::resident::Probe;
 use kvroute_node_agent::engine::thread::SharedSink;
+use kvroute_node_agent::engine::tiering::DEFAULT_WRITE_THROUGH_HITS;
 use kvroute_node_agent::engine::{
     Engine, EngineConfig, Executor, ManualClock, Output, PreemptionMode, Prefetched, Tiering,
 };
@@ -36,9 +37,6 @@ use super::report::{PolicyResult, Samples};
 
 /// The model id every simulated replica serves (part of every block hash).
 pub const MODEL_ID: &str = "kvroute-sim";
-
-/// The node-agent's default: blocks reused twice are written through to the network tier.
-const WRITE_THROUGH_HITS: u32 = 2;
 
 #[derive(Clone, Debug)]
 pub struct FleetConfig {
@@ -522,7 +520,7 @@ fn replica(id: usize, profile: &CostProfile, store: Option<Arc<Mutex<NetworkStor
         });
         spill
     });
-    let write_through = if spill.is_some() { WRITE_THROUGH_HITS } else { 0 };
+    let write_through = if spill.is_some() { DEFAULT_WRITE_THROUGH_HITS } else { 0 };
     let tiering = Tiering::new(host, spill).with_write_through(write_through);
     let config = EngineConfig {
         max_batch_tokens: profile.max_batch_tokens,

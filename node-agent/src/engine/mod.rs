@@ -37,7 +37,7 @@ pub use executor::{ChunkSpec, Executor};
 pub use metrics_sink::{MetricsSink, NoMetrics, StepCost};
 use rates::StepRates;
 pub use request::{GenerateError, Output, OutputSink, Usage};
-pub use tiering::{Prefetched, Tiering};
+pub use tiering::{DEFAULT_WRITE_THROUGH_HITS, Prefetched, Tiering};
 
 /// How a preempted sequence gets its KV back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]

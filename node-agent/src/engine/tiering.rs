@@ -12,6 +12,10 @@ use kvroute_proto::domain::{KvEvent, Tier};
 use super::metrics_sink::{MetricsSink, NoMetrics};
 use crate::tiers::host::{BlockBytes, HostTier};
 
+/// Reuses by new requests after which a pool block is also written to the network tier, unless configured
+/// otherwise (the agent's `--redis-write-through-hits`, and the simulator's replicas).
+pub const DEFAULT_WRITE_THROUGH_HITS: u32 = 2;
+
 /// Queues a block for the network tier; returns false when it was dropped.
 pub type SpillFn = Box<dyn FnMut(BlockHash, BlockBytes) -> bool + Send>;
 
