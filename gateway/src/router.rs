@@ -3,7 +3,7 @@
 //! from the pool and the ledger, and runs the policy, the repeated-prefix
 //! sketch and the churn detector.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use kvroute_proto::BlockHash;
@@ -88,14 +88,22 @@ impl Router {
         self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Counts a request sent to `replica` in its load until its replica's reports count it.
-    pub fn sent_request(&self, replica: ReplicaId, uncached_tokens: u64) -> SendTicket {
-        self.ledger().sent(replica, uncached_tokens)
+    /// Counts a request sent to `replica` with its prompt's full `blocks` in its load until its replica's
+    /// reports count it.
+    pub fn sent_request(&self, replica: ReplicaId, uncached_tokens: u64, blocks: Arc<[BlockHash]>) -> SendTicket {
+        let now = self.now();
+        self.ledger().sent(replica, uncached_tokens, blocks, now)
     }
 
     /// The replica accepted the request as `engine_id`.
     pub fn accepted(&self, ticket: SendTicket, engine_id: u64) {
         self.ledger().accepted(ticket, engine_id);
+    }
+
+    /// The request's first token came back: the replica has computed its prompt.
+    pub fn prefilled(&self, ticket: SendTicket) {
+        let now = self.now();
+        self.ledger().prefilled(ticket, now);
     }
 
     /// The request failed before the replica accepted it.
@@ -110,8 +118,10 @@ impl Router {
 
     /// Replica views for scoring: each replica's load from the ledger (its latest report and the requests
     /// sent that the report does not count), unmeasured rates filled in ([`fill_unmeasured_rates`]).
-    fn views(&self, pool: &Pool) -> Vec<ReplicaView> {
+    /// Each replica as routing sees it for a request with these prompt `hashes`.
+    fn views(&self, pool: &Pool, hashes: &[BlockHash]) -> Vec<ReplicaView> {
         let replicas = pool.replicas();
+        let now = self.now();
         let ledger = self.ledger();
         let mut views: Vec<ReplicaView> = replicas
             .iter()
@@ -121,7 +131,9 @@ impl Router {
                 Some(ReplicaView {
                     id: replica.id,
                     healthy: state.healthy,
-                    load: ledger.load(replica.id),
+                    load: ledger.load(replica.id, now),
+                    send_rate: ledger.send_rate(replica.id, now),
+                    tracked: ledger.tracked(replica.id, hashes),
                     block_size: info.block_size,
                     bytes_per_block: info.kv_geometry.bytes_per_block(info.block_size),
                 })
@@ -164,7 +176,7 @@ impl Router {
         tenant: &str,
         prompt: &[u32],
     ) -> RoutePlan {
-        let views = self.views(pool);
+        let views = self.views(pool, hashes);
         let (decision, _) = self.decide(hashes, prompt_tokens, &views, true);
         if tracing::enabled!(target: DECISION_LOG, tracing::Level::DEBUG) {
             tracing::debug!(
@@ -209,7 +221,7 @@ impl Router {
 
     /// Each replica's matched blocks per tier, predicted TTFT, and the choice.
     pub fn explain(&self, hashes: &[BlockHash], prompt_tokens: usize, pool: &Pool) -> Value {
-        let views = self.views(pool);
+        let views = self.views(pool, hashes);
         let (decision, _) = self.decide(hashes, prompt_tokens, &views, false);
         let endpoint = |id: ReplicaId| pool.get(id).map(|replica| replica.endpoint.clone()).unwrap_or_default();
         let candidates: Vec<Value> = decision
@@ -255,7 +267,7 @@ impl IndexSink for Router {
         }
         metrics::record_event_ingest(batch.events.len(), started.elapsed());
         let (load, next, finished) = (&batch.load, batch.next_request_id, &batch.finished_request_ids);
-        self.ledger().reported(replica, batch.epoch, load, next, finished);
+        self.ledger().reported(replica, batch.epoch, load, next, finished, self.now());
     }
 
     fn forget(&self, replica: ReplicaId) {

@@ -242,6 +242,7 @@ impl Gateway {
         };
         let mut last_error = ServiceError::NoReplica("no healthy replica".into());
         let mut overloaded = 0;
+        let blocks: Arc<[BlockHash]> = hashes.as_slice().into();
         for (attempt, candidate) in plan.candidates.iter().take(self.config.max_attempts.max(1)).enumerate() {
             let replica = candidate.replica;
             if attempt > 0 {
@@ -252,7 +253,7 @@ impl Gateway {
             self.router.sent(candidate, &hashes);
             let cached = if attempt == 0 { plan.predicted_cached_tokens } else { 0 };
             let uncached = spec.prompt.len().saturating_sub(cached) as u64;
-            match self.start_on(replica, &request, uncached).await {
+            match self.start_on(replica, &request, uncached, blocks.clone()).await {
                 Ok((first, upstream)) => {
                     let (sender, receiver) = mpsc::channel(64);
                     let stream = TextStream::new(&self.tokenizer, &spec, self.config.inter_token_timeout, replica);
@@ -287,14 +288,15 @@ impl Gateway {
         replica: ReplicaId,
         request: &AgentGenerateRequest,
         uncached_tokens: u64,
+        blocks: Arc<[BlockHash]>,
     ) -> Result<(pb::AgentGenerateResponse, Upstream), ServiceError> {
         let Some(handle) = self.pool.get(replica) else {
             return Err(ServiceError::NoReplica("the replica left".into()));
         };
         handle.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Dropped unaccepted (failed, timed out, or the caller went away): no longer counted.
-        let mut sent =
-            Unaccepted { router: &self.router, ticket: Some(self.router.sent_request(replica, uncached_tokens)) };
+        let ticket = self.router.sent_request(replica, uncached_tokens, blocks);
+        let mut sent = Unaccepted { router: &self.router, ticket: Some(ticket) };
         let mut client = handle.client.clone();
         let call = async {
             let mut upstream = client.generate(pb::AgentGenerateRequest::from(request.clone())).await?.into_inner();
@@ -308,7 +310,11 @@ impl Gateway {
             Ok::<_, tonic::Status>((first, upstream))
         };
         match tokio::time::timeout(self.config.first_token_timeout, call).await {
-            Ok(Ok(started)) => Ok(started),
+            Ok(Ok(started)) => {
+                // The first token: the replica has computed the prompt.
+                self.router.prefilled(ticket);
+                Ok(started)
+            }
             Ok(Err(status)) => Err(match status.code() {
                 Code::InvalidArgument | Code::OutOfRange => ServiceError::bad_request(status.message(), None),
                 Code::ResourceExhausted => ServiceError::Overloaded(status.message().to_string()),

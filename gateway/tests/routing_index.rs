@@ -216,6 +216,8 @@ fn idle_view(id: ReplicaId) -> ReplicaView {
         },
         block_size: 16,
         bytes_per_block: 2 << 20,
+        send_rate: 0.0,
+        tracked: Default::default(),
     }
 }
 

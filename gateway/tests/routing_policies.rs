@@ -46,6 +46,8 @@ fn views(states: &[State]) -> Vec<ReplicaView> {
             },
             block_size: 16,
             bytes_per_block: 1 << 20,
+            send_rate: 0.0,
+            tracked: Default::default(),
         })
         .collect()
 }

@@ -79,6 +79,8 @@ fn views(states: &[State]) -> (Vec<ReplicaView>, LookupResult) {
             },
             block_size: 16,
             bytes_per_block: BLOCK_BYTES,
+            send_rate: 0.0,
+            tracked: Default::default(),
         })
         .collect();
     let mut matches = vec![ReplicaMatch::default(); 16];

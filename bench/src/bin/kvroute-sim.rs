@@ -66,6 +66,9 @@ struct Args {
     /// cache_aware: weight of a request's work as the requests waiting or running at a replica pay it (0: own TTFT only).
     #[arg(long, default_value_t = ScoringConfig::default().congestion_weight)]
     congestion_weight: f64,
+    /// Experimental scoring model.
+    #[arg(long, default_value_t = 0)]
+    model: u32,
     /// Synthetic workloads: sessions.
     #[arg(long, default_value_t = 200)]
     sessions: usize,
@@ -100,6 +103,10 @@ struct Args {
     /// Write SVG charts (TTFT CDF, hit ratio per tier) into this directory.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Write one JSON line per request (arrival, replica, predicted and actual TTFT and cached tokens)
+    /// into DIR/POLICY.jsonl.
+    #[arg(long, value_name = "DIR")]
+    requests_out: Option<PathBuf>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -143,10 +150,14 @@ fn run(args: Args) -> anyhow::Result<()> {
             seed: args.seed,
             pending_ttl_ms: args.pending_ttl_ms,
             event_lag: Duration::from_millis(args.event_lag_ms),
-            scoring: ScoringConfig { congestion_weight: args.congestion_weight, ..ScoringConfig::default() },
+            record_requests: args.requests_out.is_some(),
+            scoring: ScoringConfig { congestion_weight: args.congestion_weight, model: args.model, ..ScoringConfig::default() },
         })
         .collect();
     let results = run_all(configs, &plan)?;
+    if let Some(dir) = &args.requests_out {
+        write_records(dir, &results).with_context(|| format!("writing request records into {}", dir.display()))?;
+    }
     let report = SimReport { bound_hit_ratio, results };
     if let Some(dir) = &args.plot {
         plot::write(&report, dir).with_context(|| format!("writing charts into {}", dir.display()))?;
@@ -155,6 +166,20 @@ fn run(args: Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", report.table());
+    }
+    Ok(())
+}
+
+fn write_records(dir: &std::path::Path, results: &[PolicyResult]) -> anyhow::Result<()> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir)?;
+    for result in results {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(dir.join(format!("{}.jsonl", result.policy)))?);
+        for record in &result.records {
+            serde_json::to_writer(&mut out, record)?;
+            out.write_all(b"\n")?;
+        }
+        out.flush()?;
     }
     Ok(())
 }

@@ -33,7 +33,7 @@ use super::executor::{CostExecutor, STAND_IN_BYTES};
 use super::network::NetworkStore;
 use super::plan::{Plan, session_prompt};
 use super::profile::CostProfile;
-use super::report::{PolicyResult, Samples};
+use super::report::{PolicyResult, RequestRecord, Samples};
 
 /// The model id every simulated replica serves (part of every block hash).
 pub const MODEL_ID: &str = "kvroute-sim";
@@ -50,6 +50,8 @@ pub struct FleetConfig {
     pub scoring: ScoringConfig,
     /// Time from a replica publishing an event batch to the router applying it.
     pub event_lag: Duration,
+    /// Keep a [`RequestRecord`] per request in the result.
+    pub record_requests: bool,
 }
 
 /// The default event lag: the agent's heartbeat interval.
@@ -68,6 +70,9 @@ struct Replica {
     step_events: Vec<KvEvent>,
     step_outputs: Vec<(usize, Output)>,
     prefill_tokens: u64,
+    /// While a step runs: what the agent knew when it began (its load and next request id) and when it
+    /// began. The agent learns a step's results when it ends; a heartbeat meanwhile says a step is running.
+    step_start: Option<(LoadStats, u64, f64)>,
 }
 
 /// A routed request on its way: the replicas to try, best first, and the attempt under way.
@@ -89,12 +94,18 @@ struct Batch {
     load: LoadStats,
     next_request_id: u64,
     finished: Vec<u64>,
+    /// When the replica published it.
+    published_ms: u64,
 }
 
 /// A request in flight.
 struct Live {
     arrival_s: f64,
     first_token_s: Option<f64>,
+    /// What routing predicted and what happened, for `kvroute-sim --requests-out`.
+    record: RequestRecord,
+    /// The ledger's ticket once a replica took it.
+    ticket: Option<SendTicket>,
     /// (session, turn) of a closed-loop request.
     turn: Option<(usize, usize)>,
     generated: Vec<u32>,
@@ -244,6 +255,9 @@ impl<'a> Fleet<'a> {
         }
         let stats: Vec<_> = self.replicas.iter().map(|replica| replica.engine.stats().clone()).collect();
         let prefill: Vec<u64> = self.replicas.iter().map(|replica| replica.prefill_tokens).collect();
+        if self.config.record_requests {
+            self.samples.records = self.live.iter().map(|live| live.record.clone()).collect();
+        }
         self.samples.finish(self.config.policy.name(), &stats, &prefill)
     }
 
@@ -260,10 +274,11 @@ impl<'a> Fleet<'a> {
     /// Routes a new request with the gateway's index and policy, then sends it to the best replica.
     fn arrive(&mut self, prompt: Vec<u32>, output_tokens: u32, turn: Option<(usize, usize)>) {
         let live = self.live.len();
-        self.live.push(Live { arrival_s: self.now, first_token_s: None, turn, generated: Vec::new() });
+        let record = RequestRecord { arrival_s: self.now, prompt_tokens: prompt.len(), ..RequestRecord::default() };
+        self.live.push(Live { arrival_s: self.now, first_token_s: None, record, ticket: None, turn, generated: Vec::new() });
         let hashes = self.hasher.hashes(&prompt);
         let lookup = self.index.lookup(&hashes, self.now_ms());
-        let mut views: Vec<ReplicaView> = (0..self.replicas.len()).map(|id| self.view(id)).collect();
+        let mut views: Vec<ReplicaView> = (0..self.replicas.len()).map(|id| self.view(id, &hashes)).collect();
         fill_unmeasured_rates(&mut views);
         let request = RouteRequest {
             hashes: &hashes,
@@ -278,6 +293,32 @@ impl<'a> Fleet<'a> {
             return;
         }
         let predicted_cached = decision.predicted_cached_tokens(self.config.profile.block_size as u32) as usize;
+        if let Some(chosen) = decision.chosen_candidate() {
+            let record = &mut self.live[live].record;
+            record.predicted_cached_tokens = predicted_cached;
+            record.predicted_ttft_s = chosen.predicted_ttft_s;
+            record.predicted_queue_s = chosen.prediction.queue_wait_s;
+            if let Some(view) = views.iter().find(|view| view.id == chosen.replica) {
+                record.seen_waiting = view.load.waiting_requests;
+                record.seen_running = view.load.running_requests;
+                record.seen_queued_tokens = view.load.queued_prefill_tokens;
+                record.seen_kv_usage = view.load.kv_usage();
+            }
+            record.chosen_score = chosen.policy_score;
+            if let Some(holder) = decision.candidates.iter().max_by_key(|candidate| candidate.matched_blocks()) {
+                record.holder_score = holder.policy_score;
+                record.holder_wait_s = holder.prediction.queue_wait_s;
+                record.holder_kv_penalty_s = holder.prediction.kv_penalty_s;
+                record.holder_kv_usage =
+                    views.iter().find(|view| view.id == holder.replica).map_or(0.0, |view| view.load.kv_usage());
+            }
+            record.best_cached_tokens = decision
+                .candidates
+                .iter()
+                .map(|candidate| candidate.matched_blocks() as usize * self.config.profile.block_size)
+                .max()
+                .unwrap_or(0);
+        }
         let request = AgentGenerateRequest {
             request_id: String::new(),
             prompt,
@@ -301,7 +342,8 @@ impl<'a> Fleet<'a> {
         let now_ms = self.now_ms();
         self.index.add_pending(chosen, candidate.unreached(&route.hashes), now_ms, self.config.pending_ttl_ms);
         let cached = if route.attempt == 0 { route.predicted_cached } else { 0 };
-        let ticket = self.ledger.sent(chosen, route.request.prompt.len().saturating_sub(cached) as u64);
+        let uncached = route.request.prompt.len().saturating_sub(cached) as u64;
+        let ticket = self.ledger.sent(chosen, uncached, route.hashes.as_slice().into(), now_ms);
         let profile = &self.config.profile;
         let hashes = &route.hashes;
         let mut prefetched = Prefetched::default();
@@ -354,7 +396,13 @@ impl<'a> Fleet<'a> {
             true
         });
         match state.engine.submit_prefetched(route.request, sink, prefetched) {
-            Ok(id) => self.ledger.accepted(ticket, id),
+            Ok(id) => {
+                self.ledger.accepted(ticket, id);
+                self.live[live].ticket = Some(ticket);
+                let record = &mut self.live[live].record;
+                record.replica = Some(replica);
+                record.attempt = route.attempt;
+            }
             Err(_) => {
                 self.ledger.abandoned(ticket);
                 self.samples.rejected += 1;
@@ -368,7 +416,9 @@ impl<'a> Fleet<'a> {
 
     /// Runs the replica's next engine step now; its results are published when its modelled time is up.
     fn start_step(&mut self, replica: usize) {
+        let before = (self.replica_load(replica), self.replicas[replica].engine.next_request_id(), self.now);
         let state = &mut self.replicas[replica];
+        state.step_start = Some(before);
         let report = state.engine.step();
         state.step_events.extend(state.events.take());
         state.step_events.extend(state.engine.take_tier_events());
@@ -377,6 +427,7 @@ impl<'a> Fleet<'a> {
         }
         if report.is_idle() {
             state.busy = false;
+            state.step_start = None;
             self.step_finished(replica);
             return;
         }
@@ -391,6 +442,7 @@ impl<'a> Fleet<'a> {
     }
 
     fn step_done(&mut self, replica: usize) {
+        self.replicas[replica].step_start = None;
         self.step_finished(replica);
         if self.replicas[replica].engine.has_work() {
             self.start_step(replica);
@@ -422,6 +474,21 @@ impl<'a> Fleet<'a> {
     /// Publishes a batch of everything that changed at `replica` since its last one, to reach the router
     /// after the event lag.
     fn publish_batch(&mut self, replica: usize) {
+        if let Some((load, next_request_id, started)) = self.replicas[replica].step_start.clone() {
+            // Inside a step: what the agent's publisher has, the load before the step and its progress.
+            let load = LoadStats { step_in_progress: true, step_seconds: self.now - started, ..load };
+            let batch = Batch {
+                events: Vec::new(),
+                network: Vec::new(),
+                load,
+                next_request_id,
+                finished: Vec::new(),
+                published_ms: self.now_ms(),
+            };
+            let lag = self.config.event_lag.as_secs_f64();
+            self.schedule(self.now + lag, Event::Arrive { replica, batch: Box::new(batch) });
+            return;
+        }
         let events = std::mem::take(&mut self.replicas[replica].step_events);
         let network = self.store.as_ref().and_then(|store| store.lock().ok().map(|mut store| store.take_events()));
         let batch = Batch {
@@ -430,6 +497,7 @@ impl<'a> Fleet<'a> {
             load: self.replica_load(replica),
             next_request_id: self.replicas[replica].engine.next_request_id(),
             finished: self.replicas[replica].engine.take_finished_ids(),
+            published_ms: self.now_ms(),
         };
         let lag = self.config.event_lag.as_secs_f64();
         self.schedule(self.now + lag, Event::Arrive { replica, batch: Box::new(batch) });
@@ -445,14 +513,21 @@ impl<'a> Fleet<'a> {
         for (source, event) in &batch.network {
             let _ = self.index.apply_events(*source, std::slice::from_ref(event));
         }
-        self.ledger.reported(id, 0, &batch.load, batch.next_request_id, &batch.finished);
+        self.ledger.reported(id, 0, &batch.load, batch.next_request_id, &batch.finished, batch.published_ms);
     }
 
     fn deliver(&mut self, live: usize, output: Output) {
         let now = self.now;
         let request = &mut self.live[live];
+        if let Some(cached) = output.cached_tokens {
+            request.record.cached_tokens = cached as usize;
+        }
         if request.first_token_s.is_none() && !output.tokens.is_empty() {
             request.first_token_s = Some(now);
+            if let Some(ticket) = request.ticket {
+                self.ledger.prefilled(ticket, (now * 1000.0) as u64);
+            }
+            request.record.ttft_s = Some(now - request.arrival_s);
             self.samples.ttft.push(now - request.arrival_s);
         }
         request.generated.extend(&output.tokens);
@@ -472,12 +547,14 @@ impl<'a> Fleet<'a> {
     }
 
     /// What the router knows of a replica: its latest batch, and the requests sent since (the ledger).
-    fn view(&self, id: usize) -> ReplicaView {
+    fn view(&self, id: usize, hashes: &[BlockHash]) -> ReplicaView {
         let profile = &self.config.profile;
         ReplicaView {
             id: id as u16,
             healthy: true,
-            load: self.ledger.load(id as u16),
+            load: self.ledger.load(id as u16, self.now_ms()),
+            send_rate: self.ledger.send_rate(id as u16, self.now_ms()),
+            tracked: self.ledger.tracked(id as u16, hashes),
             block_size: profile.block_size as u32,
             bytes_per_block: profile.block_bytes() as u64,
         }
@@ -547,5 +624,6 @@ fn replica(id: usize, profile: &CostProfile, store: Option<Arc<Mutex<NetworkStor
         step_events: Vec::new(),
         step_outputs: Vec::new(),
         prefill_tokens: 0,
+        step_start: None,
     }
 }

@@ -5,10 +5,11 @@
 use std::collections::HashMap;
 
 /// Profiles known by name (`--profile NAME`); any other value is read as a file path.
-pub const BUILTIN: [(&str, &str); 3] = [
+pub const BUILTIN: [(&str, &str); 4] = [
     ("h100-llama3-8b", include_str!("../../profiles/h100-llama3-8b.profile")),
     ("h100x8-llama3-70b", include_str!("../../profiles/h100x8-llama3-70b.profile")),
     ("cpu-tiny-random", include_str!("../../profiles/cpu-tiny-random.profile")),
+    ("dynamo-mocker", include_str!("../../profiles/dynamo-mocker.profile")),
 ];
 
 #[derive(Clone, Debug, PartialEq)]
@@ -46,6 +47,35 @@ pub struct CostProfile {
     pub max_running: usize,
     pub max_waiting: usize,
     pub max_context: usize,
+    /// Fitted step times that replace the roofline, when the profile gives them.
+    pub polynomial: Option<PolynomialTiming>,
+}
+
+/// A step time fitted as polynomials, as Dynamo's mocker (AIsimulate's `perf_model.rs`) times a step: a
+/// step with N new prompt tokens costs `prefill(N) = n2 N^2 + n1 N + n0` milliseconds, and a step with
+/// decoding sequences whose contexts fill a fraction p of the pool `decode(p) = max(min, p2 p^2 + p1 p
+/// + p0)` milliseconds more.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolynomialTiming {
+    pub prefill_ms: [f64; 3],
+    pub decode_ms: [f64; 3],
+    pub decode_min_ms: f64,
+}
+
+impl PolynomialTiming {
+    /// Keys of a profile that gives polynomial timing: all of them, or none.
+    const KEYS: [&str; 7] =
+        ["prefill_ms_n2", "prefill_ms_n1", "prefill_ms_n0", "decode_ms_p2", "decode_ms_p1", "decode_ms_p0", "decode_ms_min"];
+
+    fn seconds(&self, prefill_tokens: f64, decode_context_fraction: Option<f64>) -> f64 {
+        let [n2, n1, n0] = self.prefill_ms;
+        let prefill = if prefill_tokens > 0.0 { n2 * prefill_tokens * prefill_tokens + n1 * prefill_tokens + n0 } else { 0.0 };
+        let decode = decode_context_fraction.map_or(0.0, |p| {
+            let [p2, p1, p0] = self.decode_ms;
+            (p2 * p * p + p1 * p + p0).max(self.decode_min_ms)
+        });
+        (prefill + decode) / 1000.0
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -100,6 +130,17 @@ impl CostProfile {
             numbers.insert(key.to_string(), number);
         }
         let sample_seconds = numbers.remove("sample_seconds").unwrap_or(0.0);
+        let timing: Vec<Option<f64>> = PolynomialTiming::KEYS.iter().map(|key| numbers.remove(*key)).collect();
+        let polynomial = match timing.as_slice() {
+            [Some(n2), Some(n1), Some(n0), Some(p2), Some(p1), Some(p0), Some(min)] => {
+                Some(PolynomialTiming { prefill_ms: [*n2, *n1, *n0], decode_ms: [*p2, *p1, *p0], decode_min_ms: *min })
+            }
+            given if given.iter().all(Option::is_none) => None,
+            given => {
+                let missing = PolynomialTiming::KEYS.iter().zip(given).find(|(_, value)| value.is_none());
+                return Err(ProfileError::Missing(missing.map_or("decode_ms_min", |(key, _)| *key)));
+            }
+        };
         let mut take = |key: &'static str| numbers.remove(key).ok_or(ProfileError::Missing(key));
         let positive =
             |key: &'static str, value: f64| if value > 0.0 { Ok(value) } else { Err(ProfileError::NotPositive(key)) };
@@ -128,6 +169,7 @@ impl CostProfile {
             max_running: positive("max_running", take("max_running")?)? as usize,
             max_waiting: positive("max_waiting", take("max_waiting")?)? as usize,
             max_context: positive("max_context", take("max_context")?)? as usize,
+            polynomial,
         };
         if let Some(key) = numbers.keys().next() {
             return Err(ProfileError::UnknownKey(key.clone()));
@@ -154,6 +196,9 @@ impl CostProfile {
     /// token): prefill chunks and decodes alike. The larger of compute time and memory time, plus each
     /// sampled sequence's cost, plus the overhead.
     pub fn step_seconds(&self, chunks: impl Iterator<Item = (usize, usize, bool)>) -> f64 {
+        if let Some(polynomial) = &self.polynomial {
+            return self.polynomial_step_seconds(polynomial, chunks);
+        }
         let (mut flops, mut kv_read_tokens, mut sampled, mut any) = (0.0, 0.0, 0.0, false);
         for (new_tokens, context, samples) in chunks {
             any = true;
@@ -170,6 +215,26 @@ impl CostProfile {
         let bytes = self.weight_bytes + kv_read_tokens * self.kv_bytes_per_token;
         let memory = bytes / (self.memory_bandwidth * self.memory_efficiency);
         self.step_overhead_seconds + compute.max(memory) + self.sample_seconds * sampled
+    }
+
+    /// A step timed by fitted polynomials: its new prompt tokens, and its decoding sequences' contexts
+    /// over the pool's tokens. A one-token chunk after a context is a decode; anything else is prefill.
+    fn polynomial_step_seconds(
+        &self,
+        polynomial: &PolynomialTiming,
+        chunks: impl Iterator<Item = (usize, usize, bool)>,
+    ) -> f64 {
+        let (mut prefill, mut decode_context, mut decoding) = (0.0, 0.0, false);
+        for (new_tokens, context, _) in chunks {
+            if new_tokens == 1 && context > 0 {
+                decoding = true;
+                decode_context += (context + 1) as f64;
+            } else {
+                prefill += new_tokens as f64;
+            }
+        }
+        let pool_tokens = (self.num_blocks() * self.block_size) as f64;
+        polynomial.seconds(prefill, decoding.then(|| decode_context / pool_tokens))
     }
 }
 

@@ -15,6 +15,38 @@ pub struct Samples {
     pub finished: usize,
     pub rejected: usize,
     pub last_finish_s: f64,
+    pub records: Vec<RequestRecord>,
+}
+
+/// One request: what routing predicted when it chose, and what happened (`kvroute-sim --requests-out`).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct RequestRecord {
+    pub arrival_s: f64,
+    pub prompt_tokens: usize,
+    /// The replica that took it (None: refused everywhere).
+    pub replica: Option<usize>,
+    /// Candidates tried before it (0: the first choice took it).
+    pub attempt: usize,
+    pub predicted_ttft_s: f64,
+    pub predicted_queue_s: f64,
+    pub predicted_cached_tokens: usize,
+    /// The most any replica was predicted to hold.
+    pub best_cached_tokens: usize,
+    pub cached_tokens: usize,
+    pub ttft_s: Option<f64>,
+    /// The chosen replica's load as routing saw it: waiting and running requests, queued prefill tokens,
+    /// KV usage.
+    pub seen_waiting: u32,
+    pub seen_running: u32,
+    pub seen_queued_tokens: u64,
+    pub seen_kv_usage: f64,
+    /// The chosen replica's policy score, and the score, queue wait and KV usage of the replica holding the
+    /// most of the prompt.
+    pub chosen_score: f64,
+    pub holder_score: f64,
+    pub holder_wait_s: f64,
+    pub holder_kv_usage: f64,
+    pub holder_kv_penalty_s: f64,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -39,6 +71,9 @@ pub struct PolicyResult {
     /// TTFT of every request in seconds, sorted (for the CDF chart; not in the JSON).
     #[serde(skip)]
     pub ttft_sorted_s: Vec<f64>,
+    /// Every request in arrival order, when the run kept them (not in the JSON).
+    #[serde(skip)]
+    pub records: Vec<RequestRecord>,
 }
 
 impl Samples {
@@ -74,6 +109,7 @@ impl Samples {
             load_imbalance: if mean_prefill > 0.0 { max_prefill / mean_prefill } else { 1.0 },
             preemptions: stats.iter().map(|s| s.preemptions_recompute + s.preemptions_swap).sum(),
             ttft_sorted_s,
+            records: self.records,
         }
     }
 }

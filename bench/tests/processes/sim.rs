@@ -36,6 +36,7 @@ fn simulate(plan: &Plan, policy: PolicyKind, replicas: usize) -> PolicyResult {
         pending_ttl_ms: DEFAULT_PENDING_TTL_MS,
         scoring: ScoringConfig::default(),
         event_lag: DEFAULT_EVENT_LAG,
+        record_requests: false,
     };
     Fleet::new(config, plan).unwrap().run()
 }
@@ -76,6 +77,7 @@ fn evicted_blocks_come_back_from_host_ram() {
         pending_ttl_ms: DEFAULT_PENDING_TTL_MS,
         scoring: ScoringConfig::default(),
         event_lag: DEFAULT_EVENT_LAG,
+        record_requests: false,
     };
     let result = Fleet::new(config.clone(), &plan).unwrap().run();
     assert_eq!(result.hit_ratio_gpu, 0.0, "{result:?}");

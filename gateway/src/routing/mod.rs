@@ -33,7 +33,7 @@ pub type Millis = u64;
 
 pub use churn::{ChurnAlarm, ChurnConfig, ChurnDetector};
 pub use index::{DEFAULT_PENDING_TTL_MS, IndexConfig, IndexError, IndexStats, LookupResult, PrefixIndex, ReplicaMatch};
-pub use load::{LoadLedger, SendTicket};
+pub use load::{LoadLedger, SendTicket, TrackedLoad};
 pub use policy::Policy;
 pub use policy_kind::{PolicyKind, UnknownPolicy};
 pub use rng::{RandomSource, SplitMix64};

@@ -193,14 +193,16 @@ fn least_loaded(
     Decision { candidates: lines, ..decision(PolicyKind::LeastLoaded, chosen, "least_loaded", replicas) }
 }
 
-/// Dynamo's KV router at temperature 0 (ai-dynamo/dynamo, `lib/kv-router/src/scheduling/selector.rs`,
-/// `DefaultWorkerSelector::select_worker`; docs/router "Cost Function"): `logit = overlap_score_weight *
-/// potential_prefill_blocks + potential_decode_blocks`, lowest wins. `potential_prefill_blocks` is the
-/// prefill tokens the worker would have with the request (those already queued there plus the request's
-/// tokens beyond its overlap) over the block size; `potential_decode_blocks` the blocks its active
-/// sequences would hold (the replica's KV blocks in use plus the request's). Defaults: weight 1.0. Dynamo's
-/// overlap counts the blocks its indexer saw stored; kvroute's extension credits host blocks
-/// `dynamo_host_credit` and network blocks `dynamo_network_credit` each (0 with tiers off). Exact ties by RNG.
+/// Dynamo's KV router at temperature 0, as ai-dynamo 1.6.1 runs it (ai-dynamo/dynamo,
+/// `lib/kv-router/src/scheduling/selector/default.rs` `worker_logit`, its inputs from `selector/mod.rs`;
+/// docs/router "Cost Function"), with its defaults (`prefill_load_scale` 1, `overlap_score_credit` 1,
+/// `decode_active_request_weight` 0): `logit = max(0, (P + ISL) / B - O) + D`, lowest wins, exact ties by
+/// RNG. `P` is the uncached prompt tokens of the requests this router sent the worker that have not
+/// finished their prefill, as Dynamo's router tracks them itself; `ISL` the request's prompt tokens; `B` the
+/// block size; `O` the blocks of the prompt the worker holds (Dynamo's indexer sees what the engines'
+/// KV events stored; kvroute's extension credits host blocks `dynamo_host_credit` and network blocks
+/// `dynamo_network_credit` each, 0 with tiers off); `D` the distinct prompt blocks of the router's
+/// unfinished requests on the worker, plus the request's full blocks not among them.
 fn dynamo(
     request: &RouteRequest<'_>,
     replicas: &[ReplicaView],
@@ -211,13 +213,14 @@ fn dynamo(
     let mut lines = candidates(request, replicas, lookup, config);
     for (line, view) in lines.iter_mut().zip(replicas) {
         let block = f64::from(view.block_size.max(1));
-        let request_blocks = (request.prompt_tokens as f64 / block).ceil();
         let overlap = f64::from(line.gpu_blocks)
             + config.dynamo_host_credit * f64::from(line.host_blocks)
             + config.dynamo_network_credit * f64::from(line.network_blocks);
-        let new_tokens = (request.prompt_tokens as f64 - overlap * block).max(0.0);
-        let prefill_blocks = (view.load.queued_prefill_tokens as f64 + new_tokens) / block;
-        let decode_blocks = view.load.kv_blocks_used as f64 + request_blocks;
+        let tracked = &view.tracked;
+        let prefill_blocks =
+            ((tracked.prefill_tokens as f64 + request.prompt_tokens as f64) / block - overlap).max(0.0);
+        let new_active = request.hashes.len() as f64 - tracked.request_active_blocks as f64;
+        let decode_blocks = tracked.active_blocks as f64 + new_active.max(0.0);
         line.policy_score = config.dynamo_overlap_weight * prefill_blocks + decode_blocks;
     }
     let chosen = lowest_then_random(&lines, rng);

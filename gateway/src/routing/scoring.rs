@@ -7,6 +7,7 @@ use kvroute_proto::domain::LoadStats;
 
 use super::ReplicaId;
 use super::index::{LookupResult, ReplicaMatch};
+use super::load::TrackedLoad;
 use super::rng::RandomSource;
 
 /// The request being routed.
@@ -31,6 +32,10 @@ pub struct ReplicaView {
     pub block_size: u32,
     /// KV bytes of one block (all layers, K and V).
     pub bytes_per_block: u64,
+    /// Requests this router sends it per second (a recent average).
+    pub send_rate: f64,
+    /// Its load as this router's own requests make it.
+    pub tracked: TrackedLoad,
 }
 
 impl ReplicaView {
@@ -100,6 +105,8 @@ pub struct ScoringConfig {
     /// conversation on the replica that holds its history when another is only briefly less busy, and a
     /// new prefix off a replica whose pool is nearly full. 0 ranks by the request's own TTFT alone.
     pub congestion_weight: f64,
+    /// Experimental: 0 the congestion term, 1 the externality term.
+    pub model: u32,
     /// Scores within this fraction of the best are near-ties...
     pub near_tie_relative: f64,
     /// ...or within this many seconds.
@@ -144,6 +151,7 @@ impl Default for ScoringConfig {
             kv_penalty: 1.0,
             kv_penalty_min_seconds: 0.01,
             congestion_weight: 0.7,
+            model: 0,
             near_tie_relative: 0.05,
             near_tie_absolute_seconds: 0.001,
             default_prefill_tokens_per_second: 5_000.0,
@@ -345,7 +353,15 @@ pub fn predict(
     } else {
         0.0
     };
-    let congestion_s = config.congestion_weight * paid_again_by * work_s;
+    let congestion_s = match config.model {
+        0 => config.congestion_weight * paid_again_by * work_s,
+        _ => {
+            // The requests that reach the replica while this one waits and computes wait for its work too.
+            let own_work_s = compute_s + host_s + network_s;
+            let behind = view.send_rate * (queue_wait_s + own_work_s);
+            own_work_s * behind
+        }
+    };
     Prediction {
         queue_wait_s,
         compute_s,
@@ -434,12 +450,45 @@ pub fn cache_aware(
     config: &ScoringConfig,
     rng: &mut dyn RandomSource,
 ) -> Decision {
-    let candidates = candidates(request, replicas, lookup, config);
+    let mut candidates = candidates(request, replicas, lookup, config);
+    if config.model >= 2 {
+        let eligible: Vec<f64> = candidates
+            .iter()
+            .filter(|c| c.excluded.is_none())
+            .map(|c| c.prediction.queue_wait_s)
+            .collect();
+        let mean = eligible.iter().sum::<f64>() / eligible.len().max(1) as f64;
+        for (candidate, view) in candidates.iter_mut().zip(replicas) {
+            let p = candidate.prediction;
+            let work = p.compute_s + p.host_s + p.network_s;
+            let external = if config.model != 3 { work * view.send_rate * (p.queue_wait_s + work) } else { 0.0 };
+            let penalty = if config.model >= 4 { 0.0 } else { p.kv_penalty_s };
+            let memory = if config.model == 5 {
+                let block = f64::from(view.block_size.max(1));
+                let total = view.load.kv_blocks_total as f64;
+                let prompt_blocks = (request.prompt_tokens as f64 / block).ceil();
+                let new_blocks = (prompt_blocks - f64::from(candidate.gpu_blocks)).max(0.0);
+                let pinned = view.load.kv_blocks_used as f64 + new_blocks;
+                let free = (total - pinned).max(1.0);
+                let rate = if view.load.prefill_tokens_per_second > 0.0 { view.load.prefill_tokens_per_second } else { config.default_prefill_tokens_per_second };
+                new_blocks * block / rate * pinned / free
+            } else {
+                0.0
+            };
+            candidate.policy_score = p.queue_wait_s.max(mean) + work + external + penalty + memory;
+        }
+    }
     let tied =
         near_best(&candidates, |best| (best.abs() * config.near_tie_relative).max(config.near_tie_absolute_seconds));
+    let least_wait = |tied: &[usize]| {
+        tied.iter().copied().min_by(|&a, &b| {
+            candidates[a].prediction.queue_wait_s.total_cmp(&candidates[b].prediction.queue_wait_s)
+        })
+    };
     let (chosen, rule) = match tied.as_slice() {
         [] => (None, "no_eligible_replica"),
         [only] => (Some(*only), "lowest_ttft"),
+        several if config.model >= 2 => (least_wait(several), "near_tie_wait"),
         several => match break_tie(several, replicas, rng) {
             Some((index, false)) => (Some(index), "near_tie_load"),
             Some((index, true)) => (Some(index), "near_tie_random"),
