@@ -31,21 +31,21 @@ struct Args {
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Sessions of the synthetic workload.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = WorkloadConfig::default().sessions)]
     sessions: usize,
     /// Turns per session (multi-turn workloads).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = WorkloadConfig::default().turns)]
     turns: usize,
     /// Open loop: sessions starting per second (Poisson arrivals).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = WorkloadConfig::default().sessions_per_second)]
     rate: f64,
     /// Closed loop instead: this many sessions (or trace requests) at once.
     #[arg(long)]
     concurrency: Option<usize>,
     /// Mean pause between a reply and the next turn, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = WorkloadConfig::default().think_ms)]
     think_ms: u64,
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = WorkloadConfig::default().max_tokens)]
     max_tokens: u32,
     /// Stop starting requests after this long.
     #[arg(long, default_value_t = 120)]
@@ -67,7 +67,7 @@ struct Args {
     /// API key sent as a bearer token.
     #[arg(long)]
     api_key: Option<String>,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = WorkloadConfig::default().seed)]
     seed: u64,
     /// Print the report as JSON on stdout.
     #[arg(long)]
