@@ -35,6 +35,9 @@ pub fn exact_ids<'a>(tokenizer: &Tokenizer, text: &str, ids: &'a [u32]) -> Optio
     (matched == target.len()).then_some(ids)
 }
 
+/// Token ids a gateway's [`ReplyMemory`] holds at most: 1 Mi ids, 4 MiB.
+pub const DEFAULT_REPLY_MEMORY_TOKENS: usize = 1 << 20;
+
 /// Reply text -> generated token ids: an LRU bounded by total tokens, keyed by the text's digest.
 pub struct ReplyMemory {
     cache: LruTokenCache,

@@ -15,7 +15,7 @@ use crate::cpu_pool::CpuPool;
 use crate::grpc::GenerateService;
 use crate::http::AppState;
 use crate::prompts::Prompts;
-use crate::replies::ReplyMemory;
+use crate::replies::{DEFAULT_REPLY_MEMORY_TOKENS, ReplyMemory};
 use crate::router::Router;
 use crate::routing::{IndexConfig, Policy, ScoringConfig};
 use crate::service::Gateway;
@@ -109,7 +109,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let prompts = Arc::new(Prompts {
         tokenizer: tokenizer.clone(),
         renderer: Arc::new(renderer),
-        replies: Arc::new(ReplyMemory::new(1 << 20)),
+        replies: Arc::new(ReplyMemory::new(DEFAULT_REPLY_MEMORY_TOKENS)),
     });
     let cpu = Arc::new(CpuPool::for_this_machine());
     let state = Arc::new(AppState {
