@@ -4,6 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use kvroute_proto::block_hash::MAX_BLOCK_SIZE;
 use kvroute_proto::{BlockHasher, DEFAULT_BLOCK_SIZE};
 
 use crate::tokenizer::Tokenizer;
@@ -33,7 +34,11 @@ pub struct HashArgs {
     #[arg(long, default_value = "")]
     pub scope: String,
     /// Tokens per block.
-    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(
+        long,
+        default_value_t = DEFAULT_BLOCK_SIZE,
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BLOCK_SIZE))
+    )]
     pub block_size: u32,
     /// Comma-separated token ids.
     #[arg(long, conflicts_with = "text", required_unless_present = "text", value_delimiter = ',')]

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use kvroute_proto::DEFAULT_BLOCK_SIZE;
+use kvroute_proto::block_hash::MAX_BLOCK_SIZE;
 
 use crate::request_checks::{DEFAULT_MAX_MESSAGES, Limits};
 use crate::routing::index::MAX_REPLICAS;
@@ -57,7 +58,11 @@ pub struct ServeArgs {
     #[arg(long, default_value = "builtin")]
     pub tokenizer: String,
     /// Tokens per KV block; replicas with another block size are refused.
-    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    #[arg(
+        long,
+        default_value_t = DEFAULT_BLOCK_SIZE,
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BLOCK_SIZE))
+    )]
     pub block_size: u32,
     /// Routing policy.
     #[arg(long, default_value = "cache_aware", value_parser = parse_policy)]

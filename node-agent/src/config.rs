@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use kvroute_proto::DEFAULT_BLOCK_SIZE;
+use kvroute_proto::block_hash::MAX_BLOCK_SIZE;
 use kvroute_proto::domain::KvDtype;
 
 use crate::capacity::parse_bytes;
@@ -51,8 +52,12 @@ pub struct ServeArgs {
     /// KV pool size in blocks.
     #[arg(long)]
     pub num_blocks: Option<usize>,
-    /// Tokens per KV block.
-    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    /// Tokens per KV block (the built-in engine; with `--engine vllm|sglang` only the default is accepted).
+    #[arg(
+        long,
+        default_value_t = DEFAULT_BLOCK_SIZE,
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BLOCK_SIZE))
+    )]
     pub block_size: u32,
     /// KV element type: bf16, fp8 (e4m3) or f32.
     #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
@@ -221,6 +226,15 @@ impl ServeArgs {
         }
         if self.step_log.is_some() {
             return Err(format!("--step-log records the built-in engine's steps, not --engine {}", self.engine.name()));
+        }
+        if self.block_size != DEFAULT_BLOCK_SIZE {
+            return Err(format!(
+                "--block-size {} with --engine {}: the agent presents the engine's cache in kvroute's blocks of \
+                 {DEFAULT_BLOCK_SIZE} tokens; the engine's own block size (a multiple of {DEFAULT_BLOCK_SIZE}) is \
+                 set on the engine (vLLM --block-size, SGLang --page-size)",
+                self.block_size,
+                self.engine.name()
+            ));
         }
         let url = self.engine_url.as_deref().unwrap_or_default();
         crate::external::http::Endpoint::parse(url).map_err(|error| format!("--engine-url: {error}"))?;

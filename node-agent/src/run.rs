@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use std::sync::Arc;
 
 use anyhow::Context;
+use kvroute_proto::DEFAULT_BLOCK_SIZE;
 use kvroute_proto::block_record::ModelFingerprint;
 use kvroute_proto::domain::{AgentInfo, Tier, TierInfo};
 
@@ -160,7 +161,9 @@ async fn serve_external(args: ServeArgs) -> anyhow::Result<()> {
         external::startup::discover(args.engine, endpoint, args.engine_model.as_deref(), &model_dir, wait).await?;
     let (agent_id, epoch) = identity(&args);
     let geometry = external::startup::kv_geometry(&model_dir);
-    let block_size = external::startup::KVROUTE_BLOCK_SIZE;
+    // kvroute's blocks in engine mode: the translator re-hashes the engine's blocks in these (validate()
+    // refuses any other --block-size).
+    let block_size = DEFAULT_BLOCK_SIZE;
     let info = AgentInfo {
         agent_id: agent_id.clone(),
         epoch,

@@ -14,10 +14,12 @@ use std::fmt;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::str::FromStr;
 
-/// The blake3 key-derivation context of contract version 1.
 /// Tokens per block unless configured otherwise: the default of every component's `--block-size`.
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+/// The largest block size the command lines accept (`--block-size`).
+pub const MAX_BLOCK_SIZE: u32 = 1024;
 
+/// The blake3 key-derivation context of contract version 1.
 pub const CONTEXT_V1: &str = "kvroute/block-hash/v1";
 
 /// The name of one full block of tokens: the first 16 bytes of its chain key.

@@ -39,15 +39,13 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 
-use kvroute_proto::block_hash::{BlockHash, BlockHashMap, ChainKey};
+use kvroute_proto::block_hash::{BlockHash, BlockHashMap, ChainKey, DEFAULT_BLOCK_SIZE};
 use kvroute_proto::domain::{KvEvent, Tier};
 use thiserror::Error;
 
 use super::decode::{AllBlocksCleared, BlockRemoved, BlockStored, EngineBatch, EngineEvent, EngineKey, ExtraKey};
 use super::salt::{DEFAULT_SALT_CAPACITY, SALT_PREFIX, SaltRegistry};
 
-/// Tokens in one kvroute block.
-pub const KV_BLOCK_TOKENS: u32 = kvroute_proto::block_hash::DEFAULT_BLOCK_SIZE;
 /// A live batch with a seq below this, after a higher one, is a restarted engine (see the module doc).
 pub const RESTART_BELOW: u64 = 4096;
 /// Engine blocks tracked at most by default.
@@ -60,7 +58,7 @@ pub const DEFAULT_MAX_PARKED_TOKENS: usize = 1 << 22;
 pub struct TranslatorConfig {
     /// The model id kvroute's chains are rooted at (as the gateway names it).
     pub model: String,
-    /// The engine's KV block size in tokens: a positive multiple of [`KV_BLOCK_TOKENS`].
+    /// The engine's KV block size in tokens: a positive multiple of [`DEFAULT_BLOCK_SIZE`].
     pub engine_block_size: u32,
     /// The engine's KV-cache group whose events count (a hybrid model sends one set per group; only the
     /// full-attention group names prefixes). Events without a group always count.
@@ -90,7 +88,7 @@ impl TranslatorConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum ConfigError {
     #[error(
-        "engine block size {0} is not a positive multiple of {KV_BLOCK_TOKENS} tokens (kvroute's block): \
+        "engine block size {0} is not a positive multiple of {DEFAULT_BLOCK_SIZE} tokens (kvroute's block): \
          start the engine with --block-size 16, 32, 48, ..."
     )]
     BlockSize(u32),
@@ -217,7 +215,7 @@ impl Chain {
     fn rehash(start: ChainKey, tokens: &[u32]) -> Chain {
         let mut end = start;
         let hashes = tokens
-            .chunks_exact(KV_BLOCK_TOKENS as usize)
+            .chunks_exact(DEFAULT_BLOCK_SIZE as usize)
             .map(|block| {
                 end = end.next(block);
                 end.block_hash()
@@ -259,7 +257,7 @@ enum Parent {
 
 impl Translator {
     pub fn new(config: TranslatorConfig) -> Result<Translator, ConfigError> {
-        if config.engine_block_size == 0 || !config.engine_block_size.is_multiple_of(KV_BLOCK_TOKENS) {
+        if config.engine_block_size == 0 || !config.engine_block_size.is_multiple_of(DEFAULT_BLOCK_SIZE) {
             return Err(ConfigError::BlockSize(config.engine_block_size));
         }
         if config.max_blocks == 0 {
@@ -434,7 +432,7 @@ impl Translator {
         let has_tokens = !event.token_ids.is_empty();
         if has_tokens
             && (block_size == 0
-                || !event.block_size.is_multiple_of(KV_BLOCK_TOKENS)
+                || !event.block_size.is_multiple_of(DEFAULT_BLOCK_SIZE)
                 || event.block_hashes.len().checked_mul(block_size) != Some(event.token_ids.len()))
         {
             self.counters.malformed_stores += 1;
@@ -545,7 +543,7 @@ impl Translator {
                 }
             },
         };
-        Start::Chain(ChainKey::root(KV_BLOCK_TOKENS, &self.config.model, scope))
+        Start::Chain(ChainKey::root(DEFAULT_BLOCK_SIZE, &self.config.model, scope))
     }
 
     /// Records `key` as parked under `salt`.
@@ -578,7 +576,7 @@ impl Translator {
     /// parent before its children): the events announcing them, per tier.
     fn unpark(&mut self, salt: &str, scope: &[u8]) -> Vec<KvEvent> {
         let Some(waiting) = self.parked.remove(salt) else { return Vec::new() };
-        let root = ChainKey::root(KV_BLOCK_TOKENS, &self.config.model, scope);
+        let root = ChainKey::root(DEFAULT_BLOCK_SIZE, &self.config.model, scope);
         let mut new: [Vec<BlockHash>; 3] = Default::default();
         for key in waiting.keys {
             let Some(entry) = self.blocks.get(&key) else { continue };

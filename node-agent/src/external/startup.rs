@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use kvroute_chat::{ChatMessage, ChatRenderer};
+use kvroute_proto::DEFAULT_BLOCK_SIZE;
 use kvroute_proto::domain::{KvDtype, KvGeometry};
 use kvroute_tokenizer::Tokenizer;
 use serde_json::{Value, json};
@@ -18,9 +19,6 @@ use super::EngineFacts;
 use super::engine_metrics;
 use super::http::Endpoint;
 use crate::config::EngineKind;
-
-/// kvroute's block size: an engine block must be a whole number of these.
-pub const KVROUTE_BLOCK_SIZE: u32 = kvroute_proto::DEFAULT_BLOCK_SIZE;
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -96,7 +94,7 @@ pub fn served_model(models: &Value, expected: Option<&str>) -> anyhow::Result<(S
 }
 
 /// The engine's block size and KV blocks: vLLM's `cache_config_info` metric, SGLang's `/server_info`
-/// `page_size`. Refused unless a multiple of [`KVROUTE_BLOCK_SIZE`].
+/// `page_size`. Refused unless a multiple of [`DEFAULT_BLOCK_SIZE`].
 pub async fn block_geometry(kind: EngineKind, endpoint: &Endpoint) -> anyhow::Result<(u32, u64)> {
     let (block_size, blocks) = match kind {
         EngineKind::Sglang => {
@@ -119,11 +117,11 @@ pub async fn block_geometry(kind: EngineKind, endpoint: &Endpoint) -> anyhow::Re
         }
     };
     anyhow::ensure!(
-        block_size > 0 && block_size % KVROUTE_BLOCK_SIZE == 0,
-        "unsupported engine block size {block_size}: kvroute hashes blocks of {KVROUTE_BLOCK_SIZE} tokens, so the \
-         engine's must be a multiple of {KVROUTE_BLOCK_SIZE} (vLLM --block-size, SGLang --page-size)"
+        block_size > 0 && block_size % DEFAULT_BLOCK_SIZE == 0,
+        "unsupported engine block size {block_size}: kvroute hashes blocks of {DEFAULT_BLOCK_SIZE} tokens, so the \
+         engine's must be a multiple of {DEFAULT_BLOCK_SIZE} (vLLM --block-size, SGLang --page-size)"
     );
-    Ok((block_size, blocks * u64::from(block_size / KVROUTE_BLOCK_SIZE)))
+    Ok((block_size, blocks * u64::from(block_size / DEFAULT_BLOCK_SIZE)))
 }
 
 /// The model directory's tokenizer (`tokenizer.json`, with `tokenizer_config.json` beside it).

@@ -190,6 +190,13 @@ fn check_config_and_capacity_commands() {
         .unwrap();
     assert!(!step_log.status.success());
     assert!(String::from_utf8_lossy(&step_log.stderr).contains("--step-log"));
+    let block_size = Command::new(binary)
+        .args(external)
+        .args(["--model-dir", ".", "--block-size", "32", "--check-config"])
+        .output()
+        .unwrap();
+    assert!(!block_size.status.success());
+    assert!(String::from_utf8_lossy(&block_size.stderr).contains("--block-size 32"));
     let no_threads = Command::new(binary).args(["--compute-threads", "0", "--check-config"]).output().unwrap();
     assert!(!no_threads.status.success());
     assert!(String::from_utf8_lossy(&no_threads.stderr).contains("compute-threads"));
