@@ -6,13 +6,15 @@ use kvroute_gateway::routing::{
     IndexConfig, IndexError, PrefixIndex, ReplicaId, ReplicaMatch, ReplicaView, RouteRequest, ScoringConfig, SplitMix64,
 };
 use kvroute_proto::domain::{KvEvent, KvEventBatch, LoadStats, Tier};
-use kvroute_proto::{BlockHash, BlockHasher};
+use kvroute_proto::{BlockHash, BlockHasher, DEFAULT_BLOCK_SIZE};
 
 /// A chain of `blocks` block hashes; `variant` changes every block from `diverge_at` on.
 fn chain(blocks: usize, diverge_at: usize, variant: u32) -> Vec<BlockHash> {
-    let tokens: Vec<u32> =
-        (0..blocks * 16).map(|i| if i / 16 >= diverge_at { i as u32 + 100_000 * variant } else { i as u32 }).collect();
-    BlockHasher::new(16, "m", b"").hashes(&tokens)
+    let block = DEFAULT_BLOCK_SIZE as usize;
+    let tokens: Vec<u32> = (0..blocks * block)
+        .map(|i| if i / block >= diverge_at { i as u32 + 100_000 * variant } else { i as u32 })
+        .collect();
+    BlockHasher::new(DEFAULT_BLOCK_SIZE, "m", b"").hashes(&tokens)
 }
 
 fn index() -> PrefixIndex {
@@ -214,7 +216,7 @@ fn idle_view(id: ReplicaId) -> ReplicaView {
             queue_capacity: 64,
             ..LoadStats::default()
         },
-        block_size: 16,
+        block_size: DEFAULT_BLOCK_SIZE,
         bytes_per_block: 2 << 20,
         send_rate: 0.0,
         tracked: Default::default(),
@@ -224,7 +226,7 @@ fn idle_view(id: ReplicaId) -> ReplicaView {
 /// Routes `hashes` over two idle replicas with cache_aware and records what it sends as pending.
 fn route_and_send(index: &PrefixIndex, hashes: &[BlockHash], now: u64) -> ReplicaId {
     let views = [idle_view(0), idle_view(1)];
-    let request = RouteRequest { hashes, prompt_tokens: hashes.len() * 16, session_key: None };
+    let request = RouteRequest { hashes, prompt_tokens: hashes.len() * DEFAULT_BLOCK_SIZE as usize, session_key: None };
     let decision =
         cache_aware(&request, &views, &index.lookup(hashes, now), &ScoringConfig::default(), &mut SplitMix64::new(1));
     let chosen = decision.chosen_candidate().unwrap();

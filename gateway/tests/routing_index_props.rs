@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use kvroute_gateway::routing::{IndexConfig, PrefixIndex, ReplicaId, ReplicaMatch};
 use kvroute_proto::domain::{KvEvent, Tier};
-use kvroute_proto::{BlockHash, BlockHasher};
+use kvroute_proto::{BlockHash, BlockHasher, DEFAULT_BLOCK_SIZE};
 use proptest::prelude::*;
 
 /// Ids on both sides of a 64-bit word boundary.
@@ -15,12 +15,13 @@ const CHAINS: usize = 6;
 const CHAIN_BLOCKS: usize = 8;
 
 fn universe() -> Vec<Vec<BlockHash>> {
-    let hasher = BlockHasher::new(16, "m", b"");
+    let hasher = BlockHasher::new(DEFAULT_BLOCK_SIZE, "m", b"");
+    let block = DEFAULT_BLOCK_SIZE as usize;
     (0..CHAINS)
         .map(|chain| {
             // Chains share their first `chain / 2` blocks pairwise.
-            let tokens: Vec<u32> = (0..CHAIN_BLOCKS * 16)
-                .map(|i| if i / 16 < chain / 2 { i as u32 } else { (i + 1000 * chain) as u32 })
+            let tokens: Vec<u32> = (0..CHAIN_BLOCKS * block)
+                .map(|i| if i / block < chain / 2 { i as u32 } else { (i + 1000 * chain) as u32 })
                 .collect();
             hasher.hashes(&tokens)
         })

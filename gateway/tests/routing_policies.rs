@@ -8,7 +8,7 @@ use kvroute_gateway::routing::{
     SplitMix64,
 };
 use kvroute_proto::domain::LoadStats;
-use kvroute_proto::{BlockHash, BlockHasher};
+use kvroute_proto::{BlockHash, BlockHasher, DEFAULT_BLOCK_SIZE};
 
 #[derive(Clone, Copy)]
 struct State {
@@ -44,7 +44,7 @@ fn views(states: &[State]) -> Vec<ReplicaView> {
                 queue_capacity: 64,
                 ..LoadStats::default()
             },
-            block_size: 16,
+            block_size: DEFAULT_BLOCK_SIZE,
             bytes_per_block: 1 << 20,
             send_rate: 0.0,
             tracked: Default::default(),
@@ -62,12 +62,12 @@ fn lookup(states: &[State], blocks: usize) -> LookupResult {
 }
 
 fn prompt(blocks: usize, variant: u32) -> Vec<BlockHash> {
-    let tokens: Vec<u32> = (0..blocks as u32 * 16).map(|i| i + variant * 1_000_000).collect();
-    BlockHasher::new(16, "m", b"").hashes(&tokens)
+    let tokens: Vec<u32> = (0..blocks as u32 * DEFAULT_BLOCK_SIZE).map(|i| i + variant * 1_000_000).collect();
+    BlockHasher::new(DEFAULT_BLOCK_SIZE, "m", b"").hashes(&tokens)
 }
 
 fn route(policy: &mut Policy, hashes: &[BlockHash], states: &[State], rng: &mut SplitMix64) -> Decision {
-    let request = RouteRequest { hashes, prompt_tokens: hashes.len() * 16, session_key: None };
+    let request = RouteRequest { hashes, prompt_tokens: hashes.len() * DEFAULT_BLOCK_SIZE as usize, session_key: None };
     policy.decide(&request, &views(states), &lookup(states, hashes.len()), rng)
 }
 

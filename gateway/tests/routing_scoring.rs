@@ -5,8 +5,8 @@ use kvroute_gateway::routing::scoring::{cache_aware, fill_unmeasured_rates, flee
 use kvroute_gateway::routing::{
     Decision, Exclusion, LookupResult, ReplicaId, ReplicaMatch, ReplicaView, RouteRequest, ScoringConfig, SplitMix64,
 };
-use kvroute_proto::BlockHash;
 use kvroute_proto::domain::LoadStats;
+use kvroute_proto::{BlockHash, DEFAULT_BLOCK_SIZE};
 
 /// 2,000 tokens = 125 blocks of 16.
 const PROMPT_TOKENS: usize = 2_000;
@@ -77,7 +77,7 @@ fn views(states: &[State]) -> (Vec<ReplicaView>, LookupResult) {
                 queue_capacity: state.queue_capacity,
                 ..LoadStats::default()
             },
-            block_size: 16,
+            block_size: DEFAULT_BLOCK_SIZE,
             bytes_per_block: BLOCK_BYTES,
             send_rate: 0.0,
             tracked: Default::default(),
@@ -255,7 +255,7 @@ fn the_decision_explains_every_replica() {
     assert!(decision.candidates[2].prediction.kv_penalty_s > 0.0);
     assert_eq!(decision.chosen, Some(0));
     assert_eq!(decision.ranked().iter().map(|candidate| candidate.replica).collect::<Vec<_>>(), vec![0, 2]);
-    assert_eq!(decision.predicted_cached_tokens(16), 960);
+    assert_eq!(decision.predicted_cached_tokens(DEFAULT_BLOCK_SIZE), 960);
 }
 
 #[test]

@@ -17,7 +17,7 @@ use kvroute_proto::domain::KvDtype;
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2};
 
-const BLOCK_SIZE: usize = 16;
+const BLOCK_SIZE: usize = kvroute_proto::DEFAULT_BLOCK_SIZE as usize;
 const STEPS: usize = 20;
 const PREFILL: usize = 512;
 

@@ -15,7 +15,7 @@ use kvroute_node_agent::model::sampling::Sampler;
 use kvroute_node_agent::model::{KvStore, Model, SeqChunk};
 use kvroute_proto::domain::{KvDtype, SamplingParams};
 
-const BLOCK_SIZE: usize = 16;
+const BLOCK_SIZE: usize = kvroute_proto::DEFAULT_BLOCK_SIZE as usize;
 const REPEATS: usize = 15;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -15,7 +15,7 @@ use kvroute_node_agent::engine::{Engine, EngineConfig, Output};
 use kvroute_node_agent::model::Model;
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, KvDtype, SamplingParams};
 
-const BLOCK_SIZE: usize = 16;
+const BLOCK_SIZE: usize = kvroute_proto::DEFAULT_BLOCK_SIZE as usize;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();

@@ -9,7 +9,7 @@ use kvroute_node_agent::model::sampling::argmax;
 use kvroute_node_agent::model::{KvStore, Model, SeqChunk};
 use kvroute_proto::domain::KvDtype;
 
-const BLOCK_SIZE: usize = 16;
+const BLOCK_SIZE: usize = kvroute_proto::DEFAULT_BLOCK_SIZE as usize;
 
 fn model() -> &'static Model {
     static MODEL: OnceLock<Model> = OnceLock::new();

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use kvroute_node_agent::model::{KvStore, Model, ModelError, SeqChunk};
+use kvroute_proto::DEFAULT_BLOCK_SIZE;
 use kvroute_proto::domain::KvDtype;
 use kvroute_proto::gguf::GgufFile;
 
@@ -163,7 +164,7 @@ fn load(bytes: Vec<u8>) -> Result<Model, ModelError> {
 }
 
 fn last_logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
-    let mut kv = KvStore::new(model.config().kv_geometry(KvDtype::F32), 2, 16);
+    let mut kv = KvStore::new(model.config().kv_geometry(KvDtype::F32), 2, DEFAULT_BLOCK_SIZE as usize);
     let chunk = SeqChunk { tokens, start_pos: 0, block_table: &[0, 1], want_logits: true };
     model.forward(&mut kv, &[chunk]).remove(0).unwrap()
 }

@@ -10,7 +10,7 @@ use kvroute_node_agent::model::{Model, SeqChunk};
 use kvroute_proto::domain::KvDtype;
 use serde_json::Value;
 
-const BLOCK_SIZE: usize = 16;
+const BLOCK_SIZE: usize = kvroute_proto::DEFAULT_BLOCK_SIZE as usize;
 
 fn model() -> &'static Model {
     static MODEL: OnceLock<Model> = OnceLock::new();

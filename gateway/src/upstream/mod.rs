@@ -18,6 +18,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use kvroute_proto::DEFAULT_BLOCK_SIZE;
 use kvroute_proto::domain::{AgentInfo, KvEventBatch, LoadStats};
 use kvroute_proto::pb::agent_client::AgentClient;
 use tokio::task::JoinHandle;
@@ -259,7 +260,7 @@ impl Pool {
     }
 
     pub fn block_size(&self) -> u32 {
-        self.expectations.read().map(|e| e.block_size).unwrap_or(16)
+        self.expectations.read().map(|e| e.block_size).unwrap_or(DEFAULT_BLOCK_SIZE)
     }
 
     /// Stops every subscription task.

@@ -23,6 +23,7 @@ use kvroute_node_agent::engine::{ChunkSpec, Engine, EngineConfig, Executor};
 use kvroute_node_agent::model::{KvStore, Model};
 use kvroute_node_agent::server::AgentService;
 use kvroute_node_agent::tiers::host::BlockBytes;
+use kvroute_proto::DEFAULT_BLOCK_SIZE;
 use kvroute_proto::domain::{AgentInfo, KvDtype, Tier, TierInfo};
 use kvroute_test_support::services::{GatewayProcess, metric_sum};
 use kvroute_test_support::{free_port, http_request, wait_until};
@@ -106,7 +107,7 @@ impl GatedAgent {
         let config = model.config().clone();
         let geometry = config.kv_geometry(KvDtype::Bf16);
         let eos = model.eos_token_ids().to_vec();
-        let kv = KvStore::new(geometry, BLOCKS, 16);
+        let kv = KvStore::new(geometry, BLOCKS, DEFAULT_BLOCK_SIZE as usize);
         let sink = SharedSink::default();
         let engine_config = EngineConfig { max_context: config.max_context, ..engine_config };
         let executor = GatedExecutor { inner: ModelExecutor::new(model, kv), gate: gate.clone() };
@@ -117,7 +118,7 @@ impl GatedAgent {
             agent_id: "gated".into(),
             epoch: 1,
             model_id: "tiny-random".into(),
-            block_size: 16,
+            block_size: DEFAULT_BLOCK_SIZE,
             kv_geometry: geometry,
             vocab_size: config.vocab_size as u32,
             max_context_tokens: config.max_context as u32,

@@ -14,8 +14,8 @@ use kvroute_node_agent::engine_events::frames::{self, ReplayReply};
 use kvroute_node_agent::engine_events::socket::{SocketOptions, ZmtpSocket};
 use kvroute_node_agent::engine_events::zmtp::SocketType;
 use kvroute_node_agent::engine_events::{Source, Step, Translator, TranslatorConfig, decode_batch};
-use kvroute_proto::BlockHasher;
 use kvroute_proto::domain::{KvEvent, Tier};
+use kvroute_proto::{BlockHasher, DEFAULT_BLOCK_SIZE};
 use kvroute_test_support::{ChildProcess, free_port, repo_root};
 
 fn fixture(name: &str) -> PathBuf {
@@ -56,8 +56,8 @@ fn subscriber_and_replay_client_against_libzmq() {
     let mut translator = Translator::new(TranslatorConfig::new("m", 16)).unwrap();
     translator.register_scope(b"t:acme");
     let tokens: Vec<u32> = (1000..1048).collect();
-    let salted = BlockHasher::new(16, "m", b"t:acme").hashes(&tokens);
-    let global = BlockHasher::new(16, "m", b"").hashes(&tokens[..16]);
+    let salted = BlockHasher::new(DEFAULT_BLOCK_SIZE, "m", b"t:acme").hashes(&tokens);
+    let global = BlockHasher::new(DEFAULT_BLOCK_SIZE, "m", b"").hashes(&tokens[..DEFAULT_BLOCK_SIZE as usize]);
 
     // Subscribed after batches 0 and 1 went out: the first live one (2) shows the gap.
     let options = SocketOptions { read_timeout: Duration::from_millis(100), ..SocketOptions::default() };
