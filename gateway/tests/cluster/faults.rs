@@ -16,14 +16,14 @@ use kvroute_test_support::services::{AgentProcess, EventStream, GatewayProcess, 
 use kvroute_test_support::{RedisServer, http_request, wait_until};
 use serde_json::{Value, json};
 
-use crate::serial;
+use crate::{HEARTBEAT_TIMEOUT_MS, serial};
 
 const SIGTERM: i32 = 15;
 const SIGKILL: i32 = 9;
 const SIGCONT: i32 = 18;
 const SIGSTOP: i32 = 19;
 /// The gateway flags of these tests: a short heartbeat timeout, and the admin key `explain` sends.
-const HEARTBEAT: &[&str] = &["--heartbeat-timeout-ms", "1500", "--admin-api-key", ADMIN_KEY];
+const HEARTBEAT: &[&str] = &["--heartbeat-timeout-ms", HEARTBEAT_TIMEOUT_MS, "--admin-api-key", ADMIN_KEY];
 const ADMIN_KEY: &str = "sk-faults-admin";
 
 fn agents(count: usize, extra: &[&str]) -> Vec<AgentProcess> {

@@ -13,7 +13,7 @@ use kvroute_test_support::services::{AgentProcess, GatewayProcess, PATIENCE, wai
 use kvroute_test_support::{http_request, wait_until};
 use serde_json::{Value, json};
 
-use crate::serial;
+use crate::{HEARTBEAT_TIMEOUT_MS, serial};
 
 /// The admin key of the gateways here, for `/debug/route`.
 const ADMIN_KEY: &str = "sk-cluster-admin";
@@ -44,8 +44,8 @@ fn start_serving(model: &str, agents: usize, gateway_args: &[&str]) -> Cluster {
         .collect();
     let grpcs: Vec<SocketAddr> = started.iter().map(|agent| agent.grpc).collect();
     let tokenizer = if model == "tiny-random" { vec![] } else { vec!["--tokenizer", model] };
-    let args =
-        [&["--heartbeat-timeout-ms", "1500", "--admin-api-key", ADMIN_KEY], gateway_args, &tokenizer[..]].concat();
+    let heartbeat = ["--heartbeat-timeout-ms", HEARTBEAT_TIMEOUT_MS, "--admin-api-key", ADMIN_KEY];
+    let args = [&heartbeat[..], gateway_args, &tokenizer[..]].concat();
     let gateway = GatewayProcess::start(&grpcs, &args);
     let (http, grpc) = (gateway.http, gateway.grpc);
     Cluster { _serial: serial, agents: started, gateway, http, grpc }

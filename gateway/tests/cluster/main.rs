@@ -12,6 +12,10 @@ mod replica_churn;
 mod tenants;
 mod tls;
 
+/// The gateways' `--heartbeat-timeout-ms` in these tests: short, so that a replica that stops answering is
+/// noticed well within a test's patience.
+const HEARTBEAT_TIMEOUT_MS: &str = "1500";
+
 /// Tests that start a cluster take this lock and run one at a time: each is several processes on a small
 /// machine, and heartbeats must not starve.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
