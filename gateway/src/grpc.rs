@@ -122,11 +122,7 @@ impl pb::generate_server::Generate for GenerateService {
                         Ok(pb::GenerateResponse {
                             token_ids: Vec::new(),
                             text: String::new(),
-                            usage: Some(pb::Usage {
-                                prompt_tokens: usage.prompt_tokens,
-                                completion_tokens: usage.completion_tokens,
-                                cached_tokens: usage.cached_tokens,
-                            }),
+                            usage: Some(usage.into()),
                             finish_reason: pb::FinishReason::from(reason) as i32,
                         })
                     }

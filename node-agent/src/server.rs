@@ -147,14 +147,7 @@ pub fn status_of(error: GenerateError) -> Status {
 
 fn response_of(output: Output) -> pb::AgentGenerateResponse {
     let (finish_reason, usage) = match output.finished {
-        Some((reason, usage)) => (
-            pb::FinishReason::from(reason) as i32,
-            Some(pb::Usage {
-                prompt_tokens: usage.prompt_tokens,
-                completion_tokens: usage.completion_tokens,
-                cached_tokens: usage.cached_tokens,
-            }),
-        ),
+        Some((reason, usage)) => (pb::FinishReason::from(reason) as i32, Some(usage.into())),
         None => (pb::FinishReason::Unspecified as i32, None),
     };
     pb::AgentGenerateResponse {

@@ -578,6 +578,16 @@ pub struct Usage {
     pub cached_tokens: u32,
 }
 
+impl From<Usage> for pb::Usage {
+    fn from(usage: Usage) -> Self {
+        pb::Usage {
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            cached_tokens: usage.cached_tokens,
+        }
+    }
+}
+
 /// Static facts about an agent.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentInfo {
@@ -748,6 +758,12 @@ mod tests {
         assert!(LoadStats::try_from(wire).is_err());
         let wire = pb::LoadStats { prefill_tokens_per_second: -1.0, ..Default::default() };
         assert!(LoadStats::try_from(wire).is_err());
+    }
+
+    #[test]
+    fn usage_goes_on_the_wire_field_by_field() {
+        let usage = Usage { prompt_tokens: 3, completion_tokens: 5, cached_tokens: 2 };
+        assert_eq!(pb::Usage::from(usage), pb::Usage { prompt_tokens: 3, completion_tokens: 5, cached_tokens: 2 });
     }
 
     #[test]

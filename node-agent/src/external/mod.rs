@@ -364,7 +364,7 @@ impl ExternalEngine {
                 // it: the finishing message carries both, so the client sees the engine's counts.
                 if let (Some(reason), Some(usage)) = (reason, chunk.usage) {
                     let cached = usage.cached_tokens;
-                    let _ = sender.send(Ok(finished_message(reason, &usage))).await;
+                    let _ = sender.send(Ok(finished_message(reason, usage))).await;
                     return Ok(Some(cached));
                 }
             }
@@ -373,7 +373,7 @@ impl ExternalEngine {
             // Finished without usage (an engine that does not report it): the agent's own counts.
             Some(reason) => {
                 let usage = crate::engine::Usage { prompt_tokens, completion_tokens, cached_tokens: 0 };
-                let _ = sender.send(Ok(finished_message(reason, &usage))).await;
+                let _ = sender.send(Ok(finished_message(reason, usage))).await;
                 Ok(None)
             }
             None => Err(GenerateError::Unavailable("the engine ended the stream before finishing".into())),
@@ -387,15 +387,11 @@ fn token_message(token_ids: Vec<u32>) -> pb::AgentGenerateResponse {
 
 fn finished_message(
     reason: kvroute_proto::domain::FinishReason,
-    usage: &crate::engine::Usage,
+    usage: crate::engine::Usage,
 ) -> pb::AgentGenerateResponse {
     pb::AgentGenerateResponse {
         token_ids: Vec::new(),
-        usage: Some(pb::Usage {
-            prompt_tokens: usage.prompt_tokens,
-            completion_tokens: usage.completion_tokens,
-            cached_tokens: usage.cached_tokens,
-        }),
+        usage: Some(usage.into()),
         finish_reason: pb::FinishReason::from(reason) as i32,
         cached_tokens: usage.cached_tokens,
         engine_request_id: 0,
