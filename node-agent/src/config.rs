@@ -11,6 +11,7 @@ use kvroute_proto::domain::KvDtype;
 
 use crate::capacity::parse_bytes;
 use crate::engine::{DEFAULT_WRITE_THROUGH_HITS, EngineConfig, PreemptionMode};
+use crate::external::EngineKind;
 use crate::tiers::network::NetworkConfig;
 
 #[derive(Debug, Parser)]
@@ -158,24 +159,6 @@ pub struct ServeArgs {
     /// Parse and check the configuration, then exit.
     #[arg(long)]
     pub check_config: bool,
-}
-
-/// Which engine an agent serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum EngineKind {
-    Builtin,
-    Vllm,
-    Sglang,
-}
-
-impl EngineKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            EngineKind::Builtin => "builtin",
-            EngineKind::Vllm => "vllm",
-            EngineKind::Sglang => "sglang",
-        }
-    }
 }
 
 fn parse_dtype(text: &str) -> Result<KvDtype, String> {

@@ -5,7 +5,9 @@
 //! - [`engine`]: continuous batching, admission, preemption over an [`engine::Executor`]; its thread.
 //! - [`model`]: a Llama-architecture transformer on the CPU with paged attention.
 //! - [`server`]: the gRPC service, a thin shell over the engine thread.
+//! - [`status`]: the one mapping from engine errors to gRPC status codes.
 //! - [`metrics`]: every exported metric, in one place.
+//! - [`prometheus_sink`]: the engine core's counters into those metrics, its step costs into `--step-log`.
 //! - [`lru`]: the least-recently-used order the pool and the host tier evict by.
 //! - [`tiers`]: host RAM (G2) and the shared Redis tier (G3) below the pool.
 //! - [`capacity`]: the capacity calculator (`node-agent capacity`).
@@ -21,7 +23,9 @@ pub mod external;
 pub mod lru;
 pub mod metrics;
 pub mod model;
+pub mod prometheus_sink;
 pub mod run;
 pub mod server;
+pub mod status;
 pub mod step_log;
 pub mod tiers;

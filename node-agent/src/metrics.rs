@@ -2,16 +2,13 @@
 //! record functions; label values are bounded (tier, mode, reason).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use metrics::{counter, describe_counter, describe_gauge, gauge};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 use kvroute_proto::domain::{LoadStats, Tier};
 
-use crate::engine::{Engine, Executor, GenerateError, MetricsSink, StepCost};
 use crate::engine_events::Counters;
-use crate::step_log::StepLog;
 
 pub const KV_BLOCKS_TOTAL: &str = "kvroute_agent_kv_blocks";
 pub const KV_BLOCKS_USED: &str = "kvroute_agent_kv_blocks_used";
@@ -104,33 +101,48 @@ fn describe() {
     describe_counter!(ENGINE_UNPARKED_BLOCKS, "Engine mode: parked engine blocks indexed once their scope was seen.");
 }
 
-/// Publishes the engine's state (called at every heartbeat).
-pub fn record_engine<E: Executor>(engine: &Engine<E>) {
-    let blocks = engine.blocks();
-    let stats = engine.stats();
-    gauge!(KV_BLOCKS_TOTAL).set(blocks.num_blocks() as f64);
-    gauge!(KV_BLOCKS_USED).set(blocks.num_used() as f64);
-    gauge!(KV_BLOCKS_CACHED).set(blocks.num_cached() as f64);
-    gauge!(KV_BLOCKS_FREE).set((blocks.num_available() - blocks.num_cached()) as f64);
-    counter!(PREFIX_HIT_TOKENS).absolute(stats.prefix_hit_tokens_total);
-    counter!(PROMPT_TOKENS).absolute(stats.prompt_tokens_total);
-    counter!(GENERATED_TOKENS).absolute(stats.generated_tokens_total);
-    counter!(PREEMPTIONS, "mode" => "recompute").absolute(stats.preemptions_recompute);
-    counter!(PREEMPTIONS, "mode" => "swap").absolute(stats.preemptions_swap);
-    counter!(REQUESTS_FINISHED).absolute(stats.requests_finished);
-    counter!(REQUESTS_CANCELLED).absolute(stats.requests_cancelled);
-    gauge!(REQUESTS_WAITING).set(engine.num_waiting() as f64);
-    gauge!(REQUESTS_RUNNING).set(engine.num_running() as f64);
-    gauge!(PREFILL_TOKENS_PER_SECOND).set(stats.prefill_tokens_per_second);
-    gauge!(DECODE_STEP_SECONDS).set(stats.decode_step_seconds);
-    if let Some(host) = &engine.tiering().host {
-        record_tier_blocks(Tier::Host, host.len());
+/// The built-in engine at one heartbeat, beyond the load it reports: its pool's cached and free blocks, host
+/// RAM's blocks, and its running totals.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EngineState {
+    pub kv_blocks_cached: usize,
+    pub kv_blocks_free: usize,
+    /// Blocks held in host RAM; None without a host tier.
+    pub host_tier_blocks: Option<usize>,
+    pub prefix_hit_tokens: u64,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    pub preemptions_recompute: u64,
+    pub preemptions_swap: u64,
+    pub requests_finished: u64,
+    pub requests_cancelled: u64,
+}
+
+/// Publishes the built-in engine's load and state (called at every heartbeat).
+pub fn record_engine(load: &LoadStats, state: &EngineState) {
+    record_load(load);
+    gauge!(KV_BLOCKS_CACHED).set(state.kv_blocks_cached as f64);
+    gauge!(KV_BLOCKS_FREE).set(state.kv_blocks_free as f64);
+    counter!(PREFIX_HIT_TOKENS).absolute(state.prefix_hit_tokens);
+    counter!(PROMPT_TOKENS).absolute(state.prompt_tokens);
+    counter!(GENERATED_TOKENS).absolute(state.generated_tokens);
+    counter!(PREEMPTIONS, "mode" => "recompute").absolute(state.preemptions_recompute);
+    counter!(PREEMPTIONS, "mode" => "swap").absolute(state.preemptions_swap);
+    counter!(REQUESTS_FINISHED).absolute(state.requests_finished);
+    counter!(REQUESTS_CANCELLED).absolute(state.requests_cancelled);
+    if let Some(blocks) = state.host_tier_blocks {
+        record_tier_blocks(Tier::Host, blocks);
     }
 }
 
 /// Engine mode: the load the agent reports for its engine, and whether the engine answers (every poll).
 pub fn record_external_load(load: &LoadStats, engine_up: bool) {
     gauge!(ENGINE_UP).set(if engine_up { 1.0 } else { 0.0 });
+    record_load(load);
+}
+
+/// The load an agent reports to gateways, in either mode.
+fn record_load(load: &LoadStats) {
     gauge!(KV_BLOCKS_TOTAL).set(load.kv_blocks_total as f64);
     gauge!(KV_BLOCKS_USED).set(load.kv_blocks_used as f64);
     gauge!(REQUESTS_WAITING).set(f64::from(load.waiting_requests));
@@ -178,12 +190,8 @@ pub fn record_prefetch_held(bytes: u64) {
     gauge!(PREFETCH_BYTES_HELD).set(bytes as f64);
 }
 
-pub fn record_rejection(error: &GenerateError) {
-    let reason = match error {
-        GenerateError::InvalidArgument(_) => "invalid",
-        GenerateError::Overloaded(_) => "overloaded",
-        GenerateError::Unavailable(_) => "unavailable",
-    };
+/// A request refused at submission, by the refusal's `GenerateError::reason_label`.
+pub fn record_rejection(reason: &'static str) {
     counter!(REQUESTS_REJECTED, "reason" => reason).increment(1);
 }
 
@@ -273,43 +281,4 @@ pub fn record_tier_up(tier: Tier, up: bool) {
 
 pub fn record_redis_error() {
     counter!(REDIS_ERRORS).increment(1);
-}
-
-/// The engine core's counters, recorded in the agent's Prometheus registry; its step costs go to the
-/// `--step-log` file when there is one.
-#[derive(Clone, Debug, Default)]
-pub struct Prometheus {
-    step_log: Option<Arc<StepLog>>,
-}
-
-impl Prometheus {
-    pub fn with_step_log(step_log: Option<Arc<StepLog>>) -> Prometheus {
-        Prometheus { step_log }
-    }
-}
-
-impl MetricsSink for Prometheus {
-    fn write_through(&self, blocks: usize) {
-        record_write_through(blocks);
-    }
-    fn tier_hit(&self, tier: Tier, tokens: usize, blocks: usize) {
-        record_tier_hit(tier, tokens, blocks);
-    }
-    fn tier_stored(&self, tier: Tier, blocks: usize) {
-        record_tier_stored(tier, blocks);
-    }
-    fn tier_evicted(&self, tier: Tier, blocks: usize) {
-        record_tier_evicted(tier, blocks);
-    }
-    fn tier_reload(&self, tier: Tier, bytes: usize, seconds: f64) {
-        record_tier_reload(tier, bytes, seconds);
-    }
-    fn prefetch_held(&self, bytes: u64) {
-        record_prefetch_held(bytes);
-    }
-    fn step(&self, cost: &StepCost) {
-        if let Some(log) = &self.step_log {
-            log.record(cost);
-        }
-    }
 }

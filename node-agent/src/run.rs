@@ -1,7 +1,7 @@
 //! Wires the agent together: model, KV pool, engine thread, gRPC and metrics
 //! servers, and a graceful shutdown on SIGTERM or Ctrl-C.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use std::sync::Arc;
 
@@ -10,16 +10,17 @@ use kvroute_proto::DEFAULT_BLOCK_SIZE;
 use kvroute_proto::block_record::ModelFingerprint;
 use kvroute_proto::domain::{AgentInfo, Tier, TierInfo};
 
-use crate::config::{EngineKind, ServeArgs};
+use crate::config::ServeArgs;
 use crate::engine::model_executor::ModelExecutor;
-use crate::engine::publisher::{Handover, PublisherHandle};
+use crate::engine::publisher::{Handover, PublisherHandle, fresh_epoch};
 use crate::engine::thread::{EngineHandle, SharedSink, StreamIdentity};
 use crate::engine::tiering::{PrefetchBudget, SpillFn};
 use crate::engine::{Engine, Tiering};
 use crate::engine_events::socket::tcp_address;
 use crate::engine_events::{Translator, TranslatorConfig};
-use crate::external::{self, ExternalEngine, http::Endpoint};
+use crate::external::{self, EngineKind, ExternalEngine, http::Endpoint};
 use crate::model::{KvStore, Model};
+use crate::prometheus_sink::Prometheus;
 use crate::server::AgentService;
 use crate::step_log::StepLog;
 use crate::tiers::host::HostTier;
@@ -116,13 +117,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let engine = Engine::new(engine_config, ModelExecutor::new(model, kv), eos, Box::new(sink.clone()))
-        .with_metrics(Arc::new(crate::metrics::Prometheus::with_step_log(step_log)))
+        .with_metrics(Arc::new(Prometheus::with_step_log(step_log)))
         .with_tiering(Tiering::new(host, spill).with_write_through(args.redis_write_through_hits));
     let engine =
         EngineHandle::spawn(engine, sink, StreamIdentity { agent_id: agent_id.clone(), epoch }, network.clone())
             .context("starting the engine thread")?;
-    let budget =
-        PrefetchBudget::new(args.prefetch_budget_bytes).with_metrics(Arc::new(crate::metrics::Prometheus::default()));
+    let budget = PrefetchBudget::new(args.prefetch_budget_bytes).with_metrics(Arc::new(Prometheus::default()));
     let service = AgentService::new(engine.clone(), info.clone(), network, budget);
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
@@ -143,12 +143,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// This agent's name and epoch (unique per start).
 fn identity(args: &ServeArgs) -> (String, u64) {
     let agent_id = args.agent_id.clone().unwrap_or_else(|| format!("agent-{}", args.listen.port()));
-    (agent_id, new_epoch())
-}
-
-/// A fresh epoch: nanoseconds since the Unix epoch.
-pub fn new_epoch() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    (agent_id, fresh_epoch())
 }
 
 /// Serves an engine server beside the agent (`--engine vllm|sglang`): checks it, then presents it.

@@ -23,6 +23,7 @@ use crate::engine::thread::EngineHandle;
 use crate::engine::tiering::PrefetchBudget;
 use crate::engine::{GenerateError, Output, OutputSink, Prefetched};
 use crate::external::ExternalEngine;
+use crate::status::status_of;
 use crate::tiers::network::NetworkTier;
 
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -136,15 +137,6 @@ impl AgentService {
     }
 }
 
-/// The one mapping from engine errors to gRPC status codes.
-pub fn status_of(error: GenerateError) -> Status {
-    match error {
-        GenerateError::InvalidArgument(message) => Status::invalid_argument(message),
-        GenerateError::Overloaded(message) => Status::resource_exhausted(message),
-        GenerateError::Unavailable(message) => Status::unavailable(message),
-    }
-}
-
 fn response_of(output: Output) -> pb::AgentGenerateResponse {
     let (finish_reason, usage) = match output.finished {
         Some((reason, usage)) => (pb::FinishReason::from(reason) as i32, Some(usage.into())),
@@ -201,7 +193,7 @@ impl pb::agent_server::Agent for AgentService {
                     // Answered here, at once: the engine thread may be in the middle of a step.
                     let error =
                         GenerateError::Overloaded("the agent is overloaded: its queue is full or too slow".into());
-                    crate::metrics::record_rejection(&error);
+                    crate::metrics::record_rejection(error.reason_label());
                     return Err(status_of(error));
                 }
                 let prefetched = self.prefetch(engine, network.as_ref(), prefetch_budget, &request).await;

@@ -1,7 +1,7 @@
 //! What the engine core counts while it works (tier hits, stores, evictions, reload times, prefetch
 //! bytes held, each step's cost), reported through a sink its caller supplies: the agent's Prometheus recorder
-//! ([`crate::metrics::Prometheus`]), or [`NoMetrics`] in the simulator and in tests. The core itself
-//! touches no global recorder.
+//! (`prometheus_sink.rs`), or [`NoMetrics`] in the simulator and in tests. The core itself touches no global
+//! recorder.
 
 use kvroute_proto::domain::Tier;
 

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kvroute_proto::domain::{KvEvent, KvEventBatch, LoadStats, Tier};
 use tokio::sync::mpsc as tokio_mpsc;
@@ -33,6 +33,12 @@ const HANDOVER_QUEUE: usize = 64;
 pub struct StreamIdentity {
     pub agent_id: String,
     pub epoch: u64,
+}
+
+/// A fresh epoch for a [`StreamIdentity`]: nanoseconds since the Unix epoch, so a restarted agent (or an
+/// engine restart in engine mode) starts a stream that gateways cannot mistake for the previous one.
+pub fn fresh_epoch() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
 }
 
 /// What the engine thread tells the publisher after a step.

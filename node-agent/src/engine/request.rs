@@ -50,3 +50,14 @@ pub enum GenerateError {
     #[error("{0}")]
     Unavailable(String),
 }
+
+impl GenerateError {
+    /// The `reason` label of the agent's rejection counter.
+    pub fn reason_label(&self) -> &'static str {
+        match self {
+            GenerateError::InvalidArgument(_) => "invalid",
+            GenerateError::Overloaded(_) => "overloaded",
+            GenerateError::Unavailable(_) => "unavailable",
+        }
+    }
+}

@@ -22,6 +22,7 @@ use super::resident::{Probe, ResidentView};
 use super::{Engine, EngineStats, Executor, GenerateError, OutputSink, Prefetched};
 use crate::block_manager::EventSink;
 use crate::metrics;
+use crate::tiers::host::HostTier;
 use crate::tiers::network::NetworkTier;
 
 /// Commands queued for the engine thread at most; a request arriving past that is refused as overloaded.
@@ -231,7 +232,7 @@ impl<E: Executor> EngineLoop<E> {
             let finished = self.engine.take_finished_ids();
             publisher.hand_over(Handover { events, ..self.handover(finished) });
             if Instant::now() >= next_metrics {
-                metrics::record_engine(&self.engine);
+                self.record_metrics();
                 next_metrics = Instant::now() + HEARTBEAT;
             }
             if self.draining && !self.engine.has_work() {
@@ -270,7 +271,7 @@ impl<E: Executor> EngineLoop<E> {
                     self.engine.submit_prefetched(*request, output, prefetched)
                 };
                 if let Err(error) = &result {
-                    metrics::record_rejection(error);
+                    metrics::record_rejection(error.reason_label());
                 }
                 let _ = reply.send(result);
             }
@@ -284,6 +285,24 @@ impl<E: Executor> EngineLoop<E> {
             Command::Shutdown => return false,
         }
         true
+    }
+
+    /// Publishes the engine's load and state to the agent's metrics.
+    fn record_metrics(&self) {
+        let (blocks, stats) = (self.engine.blocks(), self.engine.stats());
+        let state = metrics::EngineState {
+            kv_blocks_cached: blocks.num_cached(),
+            kv_blocks_free: blocks.num_available() - blocks.num_cached(),
+            host_tier_blocks: self.engine.tiering().host.as_ref().map(HostTier::len),
+            prefix_hit_tokens: stats.prefix_hit_tokens_total,
+            prompt_tokens: stats.prompt_tokens_total,
+            generated_tokens: stats.generated_tokens_total,
+            preemptions_recompute: stats.preemptions_recompute,
+            preemptions_swap: stats.preemptions_swap,
+            requests_finished: stats.requests_finished,
+            requests_cancelled: stats.requests_cancelled,
+        };
+        metrics::record_engine(&self.load(), &state);
     }
 
     fn load(&self) -> LoadStats {

@@ -12,6 +12,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::engine::publisher::fresh_epoch;
 use crate::engine_events::frames::{self, ReplayReply};
 use crate::engine_events::socket::{SocketOptions, ZmtpSocket};
 use crate::engine_events::zmtp::SocketType;
@@ -57,7 +58,7 @@ impl Feed {
         if self.started.is_some_and(|before| before != now) {
             tracing::warn!("the engine restarted: starting a new epoch");
             self.translator().reset();
-            self.engine.new_epoch(crate::run::new_epoch());
+            self.engine.new_epoch(fresh_epoch());
         }
         self.started = Some(now);
     }
@@ -144,7 +145,7 @@ impl Feed {
                 Step::Events(_) | Step::Duplicate => return,
                 Step::Restart => {
                     tracing::warn!(seq, "the engine restarted: starting a new epoch");
-                    self.engine.new_epoch(crate::run::new_epoch());
+                    self.engine.new_epoch(fresh_epoch());
                     self.started = self.engine.engine_started();
                 }
                 Step::Gap { missing } => {
@@ -161,7 +162,7 @@ impl Feed {
                                 "KV-event batches lost and not replayed: clearing this replica's index to relearn it"
                             );
                             self.translator().reset();
-                            self.engine.new_epoch(crate::run::new_epoch());
+                            self.engine.new_epoch(fresh_epoch());
                             self.translator().skip_to(seq);
                         }
                     }

@@ -28,7 +28,6 @@ use kvroute_proto::pb;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use crate::config::EngineKind;
 use crate::engine::GenerateError;
 use crate::engine::publisher::{Handover, PublisherHandle};
 use crate::engine_events::{Translator, one_off_salt};
@@ -47,6 +46,25 @@ pub const SGLANG_HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Longest wait for the engine to answer a completion's head (its queue and any refusal come first).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Which engine an agent serves: its own (`builtin`), or an engine server beside it that this module
+/// presents as a replica (`--engine`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineKind {
+    Builtin,
+    Vllm,
+    Sglang,
+}
+
+impl EngineKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Builtin => "builtin",
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+        }
+    }
+}
 
 /// What the agent learned about its engine at start.
 #[derive(Clone, Debug)]
@@ -233,7 +251,7 @@ impl ExternalEngine {
         let engine = self.clone();
         tokio::spawn(async move {
             let cached = engine.stream(id, prompt_tokens, &body, &sender).await.unwrap_or_else(|error| {
-                let _ = sender.try_send(Err(crate::server::status_of(error)));
+                let _ = sender.try_send(Err(crate::status::status_of(error)));
                 None
             });
             engine.close(id, cached);

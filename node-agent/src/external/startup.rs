@@ -15,10 +15,9 @@ use kvroute_proto::domain::{KvDtype, KvGeometry};
 use kvroute_tokenizer::Tokenizer;
 use serde_json::{Value, json};
 
-use super::EngineFacts;
 use super::engine_metrics;
 use super::http::Endpoint;
-use crate::config::EngineKind;
+use super::{EngineFacts, EngineKind};
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
