@@ -22,6 +22,7 @@ use kvroute_node_agent::engine::model_executor::ModelExecutor;
 use kvroute_node_agent::engine::tiering::SpillFn;
 use kvroute_node_agent::engine::{Engine, EngineConfig, Executor, Output, Prefetched, Tiering};
 use kvroute_node_agent::model::Model;
+use kvroute_node_agent::prefetch;
 use kvroute_node_agent::tiers::host::HostTier;
 use kvroute_node_agent::tiers::network::{NetworkConfig, NetworkTier};
 use kvroute_node_agent::tiers::resp::Op;
@@ -132,14 +133,7 @@ async fn ttft(agent: &mut Agent, prompt: &[u32], prefetch: bool) -> (Duration, u
     let start = Instant::now();
     let prefetched = if prefetch {
         let hashes = BlockHasher::new(BLOCK_SIZE as u32, agent.engine.executor().model_id(), b"").hashes(prompt);
-        match agent.engine.probe(&hashes).network_fetch(hashes.len(), agent.network.read_bandwidth()) {
-            Some(wanted) => Prefetched {
-                first_block: wanted.start,
-                blocks: agent.network.fetch_run(&hashes[wanted]).await,
-                hold: None,
-            },
-            None => Prefetched::default(),
-        }
+        prefetch::from_network(&agent.network, &hashes, &agent.engine.probe(&hashes), None).await
     } else {
         Prefetched::default()
     };

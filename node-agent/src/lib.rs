@@ -10,6 +10,7 @@
 //! - [`prometheus_sink`]: the engine core's counters into those metrics, its step costs into `--step-log`.
 //! - [`lru`]: the least-recently-used order the pool and the host tier evict by.
 //! - [`tiers`]: host RAM (G2) and the shared Redis tier (G3) below the pool.
+//! - [`prefetch`]: one request's prefetch from the Redis tier, when reloading beats recomputing.
 //! - [`capacity`]: the capacity calculator (`node-agent capacity`).
 //! - [`engine_events`]: an external engine's (vLLM, SGLang) ZeroMQ KV events, translated into kvroute's.
 //! - [`external`]: engine mode, the agent beside a vLLM or SGLang server that it presents as a replica.
@@ -23,6 +24,7 @@ pub mod external;
 pub mod lru;
 pub mod metrics;
 pub mod model;
+pub mod prefetch;
 pub mod prometheus_sink;
 pub mod run;
 pub mod server;

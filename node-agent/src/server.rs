@@ -23,6 +23,7 @@ use crate::engine::thread::EngineHandle;
 use crate::engine::tiering::PrefetchBudget;
 use crate::engine::{GenerateError, Output, OutputSink, Prefetched};
 use crate::external::ExternalEngine;
+use crate::prefetch;
 use crate::status::status_of;
 use crate::tiers::network::NetworkTier;
 
@@ -119,17 +120,8 @@ impl AgentService {
         }
         let hasher = BlockHasher::new(self.info.block_size, &self.info.model_id, &request.cache_scope);
         let hashes = hasher.hashes(&request.prompt);
-        let Some(wanted) = engine.probe(&hashes).network_fetch(hashes.len(), network.read_bandwidth()) else {
-            return Prefetched::default();
-        };
-        let first = wanted.start;
         let block_bytes = self.info.kv_geometry.bytes_per_block(self.info.block_size);
-        let Some((granted, mut hold)) = prefetch_budget.hold_up_to(wanted.len(), block_bytes) else {
-            return Prefetched::default();
-        };
-        let blocks = network.fetch_run(&hashes[first..first + granted]).await;
-        hold.shrink_to(blocks.len() as u64 * block_bytes);
-        Prefetched { first_block: first, blocks, hold: Some(hold) }
+        prefetch::from_network(network, &hashes, &engine.probe(&hashes), Some((prefetch_budget, block_bytes))).await
     }
 
     pub fn into_server(self) -> pb::agent_server::AgentServer<AgentService> {

@@ -14,6 +14,7 @@ use kvroute_node_agent::engine::thread::SharedSink;
 use kvroute_node_agent::engine::tiering::SpillFn;
 use kvroute_node_agent::engine::{Engine, EngineConfig, Output, Prefetched, Tiering};
 use kvroute_node_agent::model::{KvStore, Model};
+use kvroute_node_agent::prefetch;
 use kvroute_node_agent::tiers::host::HostTier;
 use kvroute_node_agent::tiers::network::{NetworkConfig, NetworkTier};
 use kvroute_proto::block_record::ModelFingerprint;
@@ -107,14 +108,7 @@ impl Agent {
         let prefetched = match &self.network {
             Some(network) => {
                 let hashes = BlockHasher::new(BLOCK as u32, "tiny-random", scope).hashes(prompt);
-                match self.engine.probe(&hashes).network_fetch(hashes.len(), network.read_bandwidth()) {
-                    Some(wanted) => Prefetched {
-                        first_block: wanted.start,
-                        blocks: network.fetch_run(&hashes[wanted]).await,
-                        hold: None,
-                    },
-                    None => Prefetched::default(),
-                }
+                prefetch::from_network(network, &hashes, &self.engine.probe(&hashes), None).await
             }
             None => Prefetched::default(),
         };
