@@ -10,7 +10,13 @@
 #       with and without tiers; one table of cache_aware against the best other policy per cell, with the
 #       verdict (mean and p99 TTFT at most 5% above the best other's, hit ratio within 1 point of the best).
 #       ROBUSTNESS_FAMILIES, ROBUSTNESS_SCALES, ROBUSTNESS_REPLICAS ("8 32") and ROBUSTNESS_TIERS ("on off")
-#       narrow it; cells already in .run/sim/robustness/ are kept unless ROBUSTNESS_FRESH=1.
+#       narrow it; cells already in .run/sim/robustness/ are kept unless ROBUSTNESS_FRESH=1. The trace
+#       families also run on the dynamo-mocker profile (Dynamo's mocker engine, no tiers) beside the real
+#       Dynamo 1.6.1 router replaying the same trace (bench/dynamo-replay.py; scripts/tools/dynamo.sh
+#       installs it): a "Dynamo (real)" table.
+#   bench/sim-report.sh dynamo-check # kvroute-sim's dynamo-mocker profile against Dynamo's own replay on the
+#       repository's trace at its rate and 4 times it: round_robin for the engine model, the dynamo baseline
+#       for the router (only when named).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build -j"${KVROUTE_BUILD_JOBS:-2}" --release --quiet -p kvroute-bench --bin kvroute-sim
@@ -97,6 +103,47 @@ if want scale; then
   done
 fi
 
+# One trace through Dynamo's real router and mocker engines (bench/dynamo-replay.py): OUT TRACE WORKERS SPEEDUP MODE
+dynamo_replay() {
+  [ -s "$1" ] && [ "${ROBUSTNESS_FRESH:-0}" != 1 ] && return 0
+  "$dynamo_python" bench/dynamo-replay.py "$2" --workers "$3" --speedup "$4" --router-mode "$5" >"$1.partial"
+  mv "$1.partial" "$1"
+}
+
+if [[ " $selected " == *" dynamo-check "* ]]; then
+  dynamo_python=$(scripts/tools/dynamo.sh)
+  check=$out/dynamo-check
+  mkdir -p "$check"
+  for scale in 1 4; do
+    "$sim" --trace "$trace" --replicas 8 --policy round_robin,dynamo,cache_aware --profile dynamo-mocker \
+      --rate-scale "$scale" --json >"$check/sim-x$scale.json"
+    for mode in round_robin kv_router; do
+      dynamo_replay "$check/dynamo-$mode-x$scale.json" "$trace" 8 "$scale" "$mode"
+    done
+  done
+  python3 - "$check" <<'EOF'
+import json, os, sys
+d = sys.argv[1]
+print("dynamo-check: the repository's trace, 8 workers of 28,610 16-token blocks, no tiers (TTFT in s; reuse:")
+print("cached prompt fraction, Dynamo's counted at first admission)")
+print(f"{'rate':<5} {'router':<24} {'reuse':>6} {'mean':>7} {'p50':>7} {'p99':>7} {'refused':>7}")
+for scale in (1, 4):
+    sim = {r["policy"]: r for r in json.load(open(os.path.join(d, f"sim-x{scale}.json")))["results"]}
+    rows = [("kvroute-sim round_robin", sim["round_robin"]), ("Dynamo round_robin", "round_robin"),
+            ("kvroute-sim dynamo", sim["dynamo"]), ("Dynamo kv_router", "kv_router"),
+            ("kvroute-sim cache_aware", sim["cache_aware"])]
+    for name, r in rows:
+        if isinstance(r, str):
+            x = json.load(open(os.path.join(d, f"dynamo-{r}-x{scale}.json")))
+            reuse = x["first_admission_prefix_cache_reused_ratio"] or x["prefix_cache_reused_ratio"]
+            print(f"x{scale:<4} {name:<24} {reuse:6.3f} {x['ttft_mean_s']:7.3f} {x['ttft_p50_s']:7.3f} "
+                  f"{x['ttft_p99_s']:7.2f} {x['requests'] - x['completed']:7d}")
+        else:
+            print(f"x{scale:<4} {name:<24} {r['hit_ratio']:6.3f} {r['ttft_mean_s']:7.3f} {r['ttft_p50_s']:7.3f} "
+                  f"{r['ttft_p99_s']:7.2f} {r['rejected']:7d}")
+EOF
+fi
+
 # The robustness suite: only when named.
 if [[ " $selected " == *" robustness "* ]]; then
   rob=$out/robustness
@@ -162,4 +209,64 @@ for cell in cells:
           f"{'met' if not misses else 'MISSED: ' + ', '.join(misses)}")
 print(f"{met} of {len(cells)} cells met")
 EOF
+  # The trace families on Dynamo's mocker engine, beside Dynamo's real router on the same trace.
+  if [ "${ROBUSTNESS_DYNAMO:-1}" = 1 ] && dynamo_python=$(scripts/tools/dynamo.sh); then
+    dyn_cells=()
+    for family in $families; do
+      case "$family" in
+        trace) path=$trace ;;
+        zipf-docs|many-tenants|bursty|agentic-long|long-short) path=$rob/traces/$family.jsonl ;;
+        *) continue ;;
+      esac
+      for replicas in ${ROBUSTNESS_REPLICAS:-8 32}; do
+        for scale in ${ROBUSTNESS_SCALES:-1 2 4}; do
+          rate_scale=$((scale * replicas / 8))
+          cell="mocker-$family-$replicas-x$scale"
+          dyn_cells+=("$cell")
+          if [ ! -s "$rob/$cell.json" ] || [ "${ROBUSTNESS_FRESH:-0}" = 1 ]; then
+            echo "== robustness $cell" >&2
+            "$sim" --trace "$path" --replicas "$replicas" --policy all --profile dynamo-mocker --rate-scale "$rate_scale" \
+              --json >"$rob/$cell.json.partial"
+            mv "$rob/$cell.json.partial" "$rob/$cell.json"
+          fi
+          dynamo_replay "$rob/$cell.dynamo.json" "$path" "$replicas" "$rate_scale" kv_router
+        done
+      done
+    done
+    python3 - "$rob" "${dyn_cells[@]}" <<'EOF'
+import json, os, sys
+rob, cells = sys.argv[1], sys.argv[2:]
+print()
+print("robustness on Dynamo's mocker engine (profile dynamo-mocker, no tiers): cache_aware against the best other")
+print("simulated policy and against Dynamo 1.6.1's real KV router replaying the same trace (TTFT in s; hit: cached")
+print("prompt fraction, Dynamo's counted at first admission; the verdict compares cache_aware with both)")
+print(f"{'cell':<30} {'ca mean':>8} {'ca p99':>7} {'ca hit':>6} {'429s':>5} | {'best mean':>16} {'best p99':>16} "
+      f"{'best hit':>15} | {'Dynamo mean':>11} {'p99':>6} {'hit':>6} | verdict")
+met = 0
+for cell in cells:
+    results = {r["policy"]: r for r in json.load(open(os.path.join(rob, cell + ".json")))["results"]}
+    ca = results.pop("cache_aware")
+    mean = min(results.values(), key=lambda r: r["ttft_mean_s"])
+    p99 = min(results.values(), key=lambda r: r["ttft_p99_s"])
+    hit = max(results.values(), key=lambda r: r["hit_ratio"])
+    dyn = json.load(open(os.path.join(rob, cell + ".dynamo.json")))
+    dyn_hit = dyn["first_admission_prefix_cache_reused_ratio"] or dyn["prefix_cache_reused_ratio"]
+    best_mean = min(mean["ttft_mean_s"], dyn["ttft_mean_s"])
+    best_p99 = min(p99["ttft_p99_s"], dyn["ttft_p99_s"])
+    best_hit = max(hit["hit_ratio"], dyn_hit)
+    misses = []
+    if ca["ttft_mean_s"] > 1.05 * best_mean:
+        misses.append(f"mean +{100 * (ca['ttft_mean_s'] / best_mean - 1):.0f}%")
+    if ca["ttft_p99_s"] > 1.05 * best_p99:
+        misses.append(f"p99 +{100 * (ca['ttft_p99_s'] / best_p99 - 1):.0f}%")
+    if ca["hit_ratio"] < best_hit - 0.01:
+        misses.append(f"hit -{100 * (best_hit - ca['hit_ratio']):.1f} pt")
+    met += not misses
+    print(f"{cell:<30} {ca['ttft_mean_s']:8.3f} {ca['ttft_p99_s']:7.2f} {ca['hit_ratio']:6.3f} {ca['rejected']:5d} | "
+          f"{mean['ttft_mean_s']:7.3f} {mean['policy']:>8} {p99['ttft_p99_s']:7.2f} {p99['policy']:>8} "
+          f"{hit['hit_ratio']:6.3f} {hit['policy']:>8} | {dyn['ttft_mean_s']:11.3f} {dyn['ttft_p99_s']:6.2f} "
+          f"{dyn_hit:6.3f} | {'met' if not misses else 'MISSED: ' + ', '.join(misses)}")
+print(f"{met} of {len(cells)} cells met")
+EOF
+  fi
 fi

@@ -14,7 +14,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use kvroute_gateway::routing::scoring::cache_aware;
+use kvroute_gateway::routing::cache_aware::cache_aware;
 use kvroute_gateway::routing::{
     IndexConfig, PrefixIndex, RandomSource, ReplicaId, ReplicaView, RouteRequest, ScoringConfig, SplitMix64,
 };

@@ -131,9 +131,8 @@ impl Router {
                 Some(ReplicaView {
                     id: replica.id,
                     healthy: state.healthy,
-                    load: ledger.load(replica.id, now),
-                    send_rate: ledger.send_rate(replica.id, now),
-                    tracked: ledger.tracked(replica.id, hashes),
+                    load: ledger.load(replica.id, info.block_size),
+                    tracked: ledger.tracked(replica.id, hashes, now),
                     block_size: info.block_size,
                     bytes_per_block: info.kv_geometry.bytes_per_block(info.block_size),
                 })
@@ -236,7 +235,9 @@ impl Router {
                     "predicted_ttft_s": candidate.predicted_ttft_s,
                     "queue_wait_s": candidate.prediction.queue_wait_s,
                     "compute_s": candidate.prediction.compute_s,
-                    "over_kv_watermark": candidate.over_kv_watermark,
+                    "memory_wait_s": candidate.prediction.memory_wait_s,
+                    "delay_to_others_s": candidate.prediction.delay_to_others_s,
+                    "eviction_s": candidate.prediction.eviction_s,
                     "policy_score": candidate.policy_score,
                     "excluded": candidate.excluded.map(Exclusion::as_str),
                 })

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use kvroute_gateway::routing::{
     Decision, LookupResult, Policy, PolicyKind, ReplicaId, ReplicaMatch, ReplicaView, RouteRequest, ScoringConfig,
-    SplitMix64,
+    SplitMix64, TrackedLoad,
 };
 use kvroute_proto::domain::LoadStats;
 use kvroute_proto::{BlockHash, BlockHasher, DEFAULT_BLOCK_SIZE};
@@ -21,10 +21,27 @@ struct State {
     gpu: u32,
     host: u32,
     network: u32,
+    /// What this router tracks: prompt tokens in prefill, active blocks, the request's blocks among them.
+    tracked: TrackedLoad,
 }
 
 fn replica(id: ReplicaId) -> State {
-    State { id, healthy: true, waiting: 0, running: 0, queued_tokens: 0, kv_used: 0, gpu: 0, host: 0, network: 0 }
+    State {
+        id,
+        healthy: true,
+        waiting: 0,
+        running: 0,
+        queued_tokens: 0,
+        kv_used: 0,
+        gpu: 0,
+        host: 0,
+        network: 0,
+        tracked: TrackedLoad::default(),
+    }
+}
+
+fn tracked(prefill_tokens: u64, active_blocks: u64, request_active_blocks: u64) -> TrackedLoad {
+    TrackedLoad { prefill_tokens, active_blocks, request_active_blocks, ..TrackedLoad::default() }
 }
 
 fn views(states: &[State]) -> Vec<ReplicaView> {
@@ -46,8 +63,7 @@ fn views(states: &[State]) -> Vec<ReplicaView> {
             },
             block_size: DEFAULT_BLOCK_SIZE,
             bytes_per_block: 1 << 20,
-            send_rate: 0.0,
-            tracked: Default::default(),
+            tracked: state.tracked,
         })
         .collect()
 }
@@ -161,26 +177,34 @@ fn least_loaded_choices() {
 }
 
 #[test]
-fn dynamo_cost_weighs_tiered_overlap_against_decode_blocks() {
-    // 10 blocks requested. logit = (queued prefill tokens + the request's tokens beyond its overlap) / 16
-    // + KV blocks in use + the request's 10 (the same on every replica).
+fn dynamo_cost_is_prefill_blocks_plus_decode_blocks() {
+    // 10 blocks requested. logit = max(0, (prefill tokens in flight + 160) / 16 - overlap) + active blocks
+    // + the request's blocks not active yet.
     check(
         PolicyKind::Dynamo,
         ScoringConfig::default(),
         &[
-            // 0 + 5 = 5 against 10 + 0.
-            (&[State { gpu: 10, kv_used: 5, ..replica(0) }, replica(1)], Some(0)),
-            // 0 + 20 against 10 + 0.
-            (&[State { gpu: 10, kv_used: 20, ..replica(0) }, replica(1)], Some(1)),
+            // Dynamo's own example (docs, router "Routing Concepts"): cached 2, 5 and 8 blocks, so prefill 8,
+            // 5 and 2; decode 10, 5 and 9; costs 18, 10 and 11: worker 2.
+            (
+                &[
+                    State { gpu: 2, ..replica(0) },
+                    State { gpu: 5, tracked: tracked(0, 0, 5), ..replica(1) },
+                    State { gpu: 8, tracked: tracked(0, 7, 8), ..replica(2) },
+                ],
+                Some(1),
+            ),
+            // The router's own in-flight prefill counts, the engine's reported queue does not: with 160 tokens
+            // in flight the holder's prefill is (160 + 160) / 16 - 10 = 10 like the idle replica's, and its 5
+            // active blocks tip it; with 80 it keeps the request, whatever the engine reports queued.
+            (&[State { gpu: 10, tracked: tracked(160, 5, 0), ..replica(0) }, replica(1)], Some(1)),
+            (&[State { gpu: 10, queued_tokens: 10_000, tracked: tracked(80, 0, 0), ..replica(0) }, replica(1)], Some(0)),
+            // Active blocks the request shares are not counted twice: 10 active, all of them its own.
+            (&[State { gpu: 10, tracked: tracked(0, 10, 10), ..replica(0) }, replica(1)], Some(0)),
             // Host credit 0.5: 10 - 5 = 5 against 10 - 4 = 6.
             (&[State { host: 10, ..replica(0) }, State { gpu: 4, ..replica(1) }], Some(0)),
             // Network credit 0.25: 10 - 2.5 = 7.5 against 10 - 4 = 6.
             (&[State { network: 10, ..replica(0) }, State { gpu: 4, ..replica(1) }], Some(1)),
-            // Prefill queued ahead counts: (160 + 0) / 16 = 10 against (0 + 160) / 16 = 10, then 5 decode
-            // blocks tip it: the holder with a queue loses to the idle replica.
-            (&[State { gpu: 10, queued_tokens: 160, kv_used: 5, ..replica(0) }, replica(1)], Some(1)),
-            // A shorter queue keeps it: (80 + 0) / 16 = 5 against 10.
-            (&[State { gpu: 10, queued_tokens: 80, ..replica(0) }, replica(1)], Some(0)),
         ],
     );
 }

@@ -63,12 +63,6 @@ struct Args {
     /// agent's heartbeat interval).
     #[arg(long, default_value_t = DEFAULT_EVENT_LAG.as_millis() as u64)]
     event_lag_ms: u64,
-    /// cache_aware: weight of a request's work as the requests waiting or running at a replica pay it (0: own TTFT only).
-    #[arg(long, default_value_t = ScoringConfig::default().congestion_weight)]
-    congestion_weight: f64,
-    /// Experimental scoring model.
-    #[arg(long, default_value_t = 0)]
-    model: u32,
     /// Synthetic workloads: sessions.
     #[arg(long, default_value_t = 200)]
     sessions: usize,
@@ -122,10 +116,6 @@ fn main() -> std::process::ExitCode {
 fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.rate_scale.is_finite() && args.rate_scale > 0.0, "--rate-scale must be positive");
     anyhow::ensure!(args.rate.is_finite() && args.rate > 0.0, "--rate must be positive");
-    anyhow::ensure!(
-        args.congestion_weight.is_finite() && args.congestion_weight >= 0.0,
-        "--congestion-weight must be a number, at least 0"
-    );
     let mut profile = CostProfile::load(&args.profile)?;
     for (value, field, name) in [
         (args.host_bytes, &mut profile.host_bytes, "--host-bytes"),
@@ -151,7 +141,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             pending_ttl_ms: args.pending_ttl_ms,
             event_lag: Duration::from_millis(args.event_lag_ms),
             record_requests: args.requests_out.is_some(),
-            scoring: ScoringConfig { congestion_weight: args.congestion_weight, model: args.model, ..ScoringConfig::default() },
+            scoring: ScoringConfig::default(),
         })
         .collect();
     let results = run_all(configs, &plan)?;

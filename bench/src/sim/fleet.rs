@@ -308,7 +308,6 @@ impl<'a> Fleet<'a> {
             if let Some(holder) = decision.candidates.iter().max_by_key(|candidate| candidate.matched_blocks()) {
                 record.holder_score = holder.policy_score;
                 record.holder_wait_s = holder.prediction.queue_wait_s;
-                record.holder_kv_penalty_s = holder.prediction.kv_penalty_s;
                 record.holder_kv_usage =
                     views.iter().find(|view| view.id == holder.replica).map_or(0.0, |view| view.load.kv_usage());
             }
@@ -552,9 +551,8 @@ impl<'a> Fleet<'a> {
         ReplicaView {
             id: id as u16,
             healthy: true,
-            load: self.ledger.load(id as u16, self.now_ms()),
-            send_rate: self.ledger.send_rate(id as u16, self.now_ms()),
-            tracked: self.ledger.tracked(id as u16, hashes),
+            load: self.ledger.load(id as u16, profile.block_size as u32),
+            tracked: self.ledger.tracked(id as u16, hashes, self.now_ms()),
             block_size: profile.block_size as u32,
             bytes_per_block: profile.block_bytes() as u64,
         }

@@ -40,13 +40,12 @@ pub struct RequestRecord {
     pub seen_running: u32,
     pub seen_queued_tokens: u64,
     pub seen_kv_usage: f64,
-    /// The chosen replica's policy score, and the score, queue wait and KV usage of the replica holding the
-    /// most of the prompt.
+    /// The chosen replica's policy score, and the score, wait and KV usage of the replica holding the most
+    /// of the prompt.
     pub chosen_score: f64,
     pub holder_score: f64,
     pub holder_wait_s: f64,
     pub holder_kv_usage: f64,
-    pub holder_kv_penalty_s: f64,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]

@@ -57,9 +57,10 @@ struct ReplicaLoad {
     reported: LoadStats,
     /// When `reported` was true at the replica.
     reported_at: Millis,
-    /// Requests this router sent per second, a moving average over [`RATE_WINDOW_MS`], as of `rate_at`.
-    send_rate: f64,
-    rate_at: Millis,
+    /// Requests this router sent it.
+    sends: Rate,
+    /// Requests it reported finished.
+    finishes: Rate,
     /// Epoch of the stream that sent `reported` (engine ids count within one epoch).
     epoch: u64,
     /// `next_request_id` of the latest report.
@@ -122,8 +123,7 @@ impl LoadLedger {
         self.next_serial += 1;
         let entry = self.replicas.entry(replica).or_default();
         entry.hold(Sent { blocks, engine_id: None, uncached_tokens, prefilled_at: None }, serial);
-        entry.send_rate = decayed(entry.send_rate, entry.rate_at, now) + 1000.0 / RATE_WINDOW_MS;
-        entry.rate_at = entry.rate_at.max(now);
+        entry.sends.add(1, now);
         SendTicket { replica, serial }
     }
 
@@ -173,6 +173,7 @@ impl LoadLedger {
         if !finished.is_empty() {
             entry.release(|_, request| request.engine_id.is_some_and(|id| finished.contains(&id)));
         }
+        entry.finishes.add(finished.len(), at);
         entry.reported = load.clone();
         entry.reported_at = at;
         entry.next_request_id = next_request_id;
@@ -183,27 +184,33 @@ impl LoadLedger {
         self.replicas.remove(&replica);
     }
 
-    /// The load to route on at `now`: the latest report, less the prompts of requests it counts that have
-    /// streamed their first token since, plus the sent requests it does not count (as waiting requests with
-    /// their uncached prompt tokens queued until their first token).
-    pub fn load(&self, replica: ReplicaId, now: Millis) -> LoadStats {
-        let _ = now;
+    /// The load to route on: the latest report, less the prompts of requests it counts that have streamed
+    /// their first token since, plus the sent requests it does not count (waiting, with their uncached
+    /// prompt tokens queued, until their first token; running after it), whose prompts take blocks of
+    /// `block_size` tokens there.
+    pub fn load(&self, replica: ReplicaId, block_size: u32) -> LoadStats {
         let Some(entry) = self.replicas.get(&replica) else { return LoadStats::default() };
         let mut load = entry.reported.clone();
-        let (mut unreported, mut added, mut computed_since) = (0u32, 0u64, 0u64);
+        let (mut waiting, mut running, mut added, mut computed_since, mut new_blocks) = (0u32, 0u32, 0u64, 0u64, 0u64);
         for request in entry.sent.values() {
             if entry.counts(request) {
                 if request.prefilled_at.is_some_and(|at| at > entry.reported_at) {
                     computed_since += request.uncached_tokens;
                 }
+            } else if request.prefilled_at.is_some() {
+                running += 1;
             } else {
-                unreported += 1;
-                if request.prefilled_at.is_none() {
-                    added += request.uncached_tokens;
-                }
+                waiting += 1;
+                added += request.uncached_tokens;
+            }
+            if !entry.counts(request) {
+                // Its prompt takes blocks there from its admission on; the report shows them once it counts it.
+                new_blocks += request.uncached_tokens.div_ceil(u64::from(block_size.max(1)));
             }
         }
-        load.waiting_requests = load.waiting_requests.saturating_add(unreported);
+        load.kv_blocks_used = load.kv_blocks_used.saturating_add(new_blocks).min(load.kv_blocks_total);
+        load.waiting_requests = load.waiting_requests.saturating_add(waiting);
+        load.running_requests = load.running_requests.saturating_add(running);
         load.queued_prefill_tokens = load.queued_prefill_tokens.saturating_sub(computed_since).saturating_add(added);
         load
     }
@@ -211,9 +218,11 @@ impl LoadLedger {
     /// What this router alone knows of `replica`, as Dynamo's router tracks a worker: the uncached prompt
     /// tokens of its requests there that have not streamed a first token yet, the distinct prompt blocks of
     /// its unfinished requests there, and how many of `blocks` are among them.
-    pub fn tracked(&self, replica: ReplicaId, blocks: &[BlockHash]) -> TrackedLoad {
+    pub fn tracked(&self, replica: ReplicaId, blocks: &[BlockHash], now: Millis) -> TrackedLoad {
         let Some(entry) = self.replicas.get(&replica) else { return TrackedLoad::default() };
         TrackedLoad {
+            send_rate: entry.sends.per_second(now),
+            finish_rate: entry.finishes.per_second(now),
             prefill_tokens: entry
                 .sent
                 .values()
@@ -221,14 +230,8 @@ impl LoadLedger {
                 .map(|request| request.uncached_tokens)
                 .sum(),
             active_blocks: entry.active.len() as u64,
-            request_active_blocks: blocks.iter().filter(|block| entry.active.contains_key(*block)).count() as u64,
+            request_active_blocks: blocks.iter().take_while(|block| entry.active.contains_key(*block)).count() as u64,
         }
-    }
-
-    /// Requests this router sent to `replica` per second, averaged over about the last
-    /// [`RATE_WINDOW_MS`].
-    pub fn send_rate(&self, replica: ReplicaId, now: Millis) -> f64 {
-        self.replicas.get(&replica).map_or(0.0, |entry| decayed(entry.send_rate, entry.rate_at, now))
     }
 
     /// Sent requests of `replica` its latest report does not count.
@@ -245,15 +248,33 @@ impl LoadLedger {
 /// A replica's load as this router's own requests make it ([`LoadLedger::tracked`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct TrackedLoad {
+    /// Requests this router sent it per second, lately.
+    pub send_rate: f64,
+    /// Requests it reported finished per second, lately (whoever sent them).
+    pub finish_rate: f64,
     pub prefill_tokens: u64,
     pub active_blocks: u64,
-    /// Of the request being routed, the full blocks already active there.
+    /// Of the request being routed, the leading full blocks already active there (a request holds its
+    /// whole chain, so these are all of its blocks that are).
     pub request_active_blocks: u64,
 }
 
-/// An exponentially averaged rate set at `at`, as of `now`.
-fn decayed(rate: f64, at: Millis, now: Millis) -> f64 {
-    rate * (-(now.saturating_sub(at) as f64) / RATE_WINDOW_MS).exp()
+/// Events per second, an exponential moving average over about [`RATE_WINDOW_MS`].
+#[derive(Clone, Copy, Debug, Default)]
+struct Rate {
+    per_second: f64,
+    at: Millis,
+}
+
+impl Rate {
+    fn add(&mut self, events: usize, now: Millis) {
+        self.per_second = self.per_second(now) + events as f64 * 1000.0 / RATE_WINDOW_MS;
+        self.at = self.at.max(now);
+    }
+
+    fn per_second(&self, now: Millis) -> f64 {
+        self.per_second * (-(now.saturating_sub(self.at) as f64) / RATE_WINDOW_MS).exp()
+    }
 }
 
 #[cfg(test)]
@@ -264,8 +285,12 @@ mod tests {
         LoadStats { waiting_requests: waiting, queued_prefill_tokens: queued, ..LoadStats::default() }
     }
 
+    fn blocks(ids: &[u8]) -> Arc<[BlockHash]> {
+        ids.iter().map(|&id| BlockHash([id; 16])).collect()
+    }
+
     fn counted(ledger: &LoadLedger, replica: ReplicaId) -> (u32, u64) {
-        let load = ledger.load(replica, 0);
+        let load = ledger.load(replica, 16);
         (load.waiting_requests, load.queued_prefill_tokens)
     }
 
@@ -273,7 +298,7 @@ mod tests {
     fn a_request_counts_from_the_send_until_a_report_includes_it() {
         let mut ledger = LoadLedger::new();
         ledger.reported(0, 1, &load(0, 0), 5, &[], 0);
-        let ticket = ledger.sent(0, 100, 0);
+        let ticket = ledger.sent(0, 100, blocks(&[]), 0);
         assert_eq!(counted(&ledger, 0), (1, 100), "sent, not acknowledged");
         ledger.accepted(ticket, 5);
         assert_eq!(counted(&ledger, 0), (1, 100), "acknowledged, not reported");
@@ -290,7 +315,7 @@ mod tests {
     #[test]
     fn an_acknowledgement_after_the_report_that_counts_it_is_not_counted_twice() {
         let mut ledger = LoadLedger::new();
-        let ticket = ledger.sent(3, 40, 0);
+        let ticket = ledger.sent(3, 40, blocks(&[]), 0);
         ledger.reported(3, 1, &load(1, 40), 1, &[], 0);
         assert_eq!(counted(&ledger, 3), (2, 80), "the ledger cannot tell yet that the report counts it");
         ledger.accepted(ticket, 0);
@@ -301,9 +326,9 @@ mod tests {
     fn failed_requests_and_restarted_engines_stop_counting() {
         let mut ledger = LoadLedger::new();
         ledger.reported(1, 7, &load(0, 0), 10, &[], 0);
-        let failed = ledger.sent(1, 10, 0);
-        let accepted = ledger.sent(1, 20, 0);
-        let in_flight = ledger.sent(1, 30, 0);
+        let failed = ledger.sent(1, 10, blocks(&[]), 0);
+        let accepted = ledger.sent(1, 20, blocks(&[]), 0);
+        let in_flight = ledger.sent(1, 30, blocks(&[]), 0);
         ledger.accepted(accepted, 12);
         ledger.abandoned(failed);
         assert_eq!(counted(&ledger, 1), (2, 50));
@@ -314,5 +339,62 @@ mod tests {
         ledger.forget(1);
         assert_eq!(counted(&ledger, 1), (0, 0));
         assert_eq!(ledger.unreported(1), 0);
+    }
+
+    #[test]
+    fn a_first_token_takes_the_prompt_off_the_queue_before_any_report_does() {
+        let mut ledger = LoadLedger::new();
+        ledger.reported(2, 1, &load(0, 0), 0, &[], 0);
+        let early = ledger.sent(2, 300, blocks(&[]), 10);
+        let late = ledger.sent(2, 200, blocks(&[]), 10);
+        ledger.accepted(early, 0);
+        ledger.accepted(late, 1);
+        ledger.prefilled(early, 20);
+        let seen = ledger.load(2, 16);
+        assert_eq!((seen.waiting_requests, seen.running_requests, seen.queued_prefill_tokens), (1, 1, 200));
+        // A report from before the first token still counts the prompt: its tokens come off.
+        ledger.reported(2, 1, &load(2, 480), 2, &[], 15);
+        assert_eq!(counted(&ledger, 2), (2, 180));
+        // A report from after it does not count it any more: nothing comes off twice.
+        ledger.reported(2, 1, &load(1, 200), 2, &[], 25);
+        assert_eq!(counted(&ledger, 2), (1, 200));
+        ledger.prefilled(late, 30);
+        assert_eq!(counted(&ledger, 2), (1, 0), "the report still counts one waiting request; its tokens are computed");
+    }
+
+    #[test]
+    fn tracked_load_counts_prompts_in_prefill_and_each_active_block_once() {
+        let mut ledger = LoadLedger::new();
+        ledger.reported(4, 1, &load(0, 0), 0, &[], 0);
+        let first = ledger.sent(4, 48, blocks(&[1, 2, 3]), 0);
+        let second = ledger.sent(4, 16, blocks(&[1, 2, 4]), 0);
+        ledger.accepted(first, 0);
+        ledger.accepted(second, 1);
+        let tracked = ledger.tracked(4, &blocks(&[1, 2, 3, 9]), 0);
+        assert_eq!((tracked.prefill_tokens, tracked.active_blocks, tracked.request_active_blocks), (64, 4, 3));
+        ledger.prefilled(first, 5);
+        assert_eq!(ledger.tracked(4, &[], 5).prefill_tokens, 16);
+        ledger.reported(4, 1, &load(0, 0), 2, &[0], 6);
+        let tracked = ledger.tracked(4, &blocks(&[1, 2, 3, 9]), 6);
+        assert_eq!((tracked.active_blocks, tracked.request_active_blocks), (3, 2), "blocks 1 and 2 stay with the second");
+        ledger.abandoned(second);
+        let tracked = ledger.tracked(4, &blocks(&[1]), 6);
+        assert_eq!((tracked.prefill_tokens, tracked.active_blocks, tracked.request_active_blocks), (0, 0, 0));
+    }
+
+    #[test]
+    fn send_and_finish_rates_average_over_the_window() {
+        let mut ledger = LoadLedger::new();
+        for second in 0..100 {
+            ledger.sent(5, 1, blocks(&[]), second * 1000);
+        }
+        let rate = ledger.tracked(5, &[], 99_000).send_rate;
+        // The average of whole events over a 10 s window reads one a second 5% high.
+        assert!((rate - 1.05).abs() < 0.01, "one request a second reads as {rate}");
+        let later = ledger.tracked(5, &[], 99_000 + RATE_WINDOW_MS as u64).send_rate;
+        assert!((later - rate / std::f64::consts::E).abs() < 1e-9, "a window later it has decayed by e: {later}");
+        ledger.reported(5, 1, &load(0, 0), 0, &[0, 1, 2, 3, 4], 0);
+        let finishes = ledger.tracked(5, &[], 0).finish_rate;
+        assert!((finishes - 5.0 * 1000.0 / RATE_WINDOW_MS).abs() < 1e-9);
     }
 }

@@ -6,12 +6,13 @@
 //! - [`index`]: which replica holds which block in which tier; lock-free reads.
 //! - [`load`]: each replica's load: its latest report plus the requests sent that it does not count yet.
 //! - [`scoring`]: request and replica inputs, the decision, the TTFT model.
-//! - [`policy`]: `cache_aware` and the baselines, by name.
+//! - [`cache_aware`]: the default policy; [`policy`]: every policy by name, the baselines.
 //! - [`prefix_hash`], [`approx_radix`]: the two stateful baselines.
 //! - [`sketch`]: the repeated-prefix ratio; [`churn`]: the block-0 churn detector.
 //! - [`rng`]: the injected random source.
 
 pub mod approx_radix;
+pub mod cache_aware;
 pub mod churn;
 mod huge_pages;
 pub mod index;

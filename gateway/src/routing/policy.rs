@@ -8,7 +8,8 @@ use super::index::LookupResult;
 use super::policy_kind::{PolicyKind, UnknownPolicy};
 use super::prefix_hash::HashRing;
 use super::rng::RandomSource;
-use super::scoring::{Decision, ReplicaView, RouteRequest, ScoringConfig, cache_aware, candidates, lowest_then_random};
+use super::cache_aware::cache_aware;
+use super::scoring::{Decision, ReplicaView, RouteRequest, ScoringConfig, candidates, lowest_then_random};
 
 /// A policy with its state: the round-robin position, the hash ring, the
 /// routing-history tree.

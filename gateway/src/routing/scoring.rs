@@ -1,6 +1,7 @@
-//! What a routing decision reads and returns, and the cache-aware cost model:
-//! predicted time to first token per replica from its matched blocks per tier,
-//! its queue and its measured rates.
+//! What a routing decision reads and returns, and the cost model every policy's decision explains itself
+//! with: per replica, the predicted time to first token from its matched blocks per tier, the work queued
+//! ahead, the wait for its pool to free blocks, and its measured rates; and what the request costs the
+//! requests around it there. `cache_aware` ([`super::cache_aware`]) ranks by them.
 
 use kvroute_proto::BlockHash;
 use kvroute_proto::domain::LoadStats;
@@ -32,8 +33,6 @@ pub struct ReplicaView {
     pub block_size: u32,
     /// KV bytes of one block (all layers, K and V).
     pub bytes_per_block: u64,
-    /// Requests this router sends it per second (a recent average).
-    pub send_rate: f64,
     /// Its load as this router's own requests make it.
     pub tracked: TrackedLoad,
 }
@@ -87,26 +86,6 @@ pub fn fill_unmeasured_rates(views: &mut [ReplicaView]) {
 /// Every routing tunable and default, in one place.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScoringConfig {
-    /// KV usage above which a replica is penalised.
-    pub kv_watermark: f64,
-    /// Penalty above the watermark, in multiples of the whole prompt's prefill
-    /// time at that replica: `kv_penalty * (1 + excess)` with `excess` going
-    /// from 0 at the watermark to 1 at full usage.
-    pub kv_penalty: f64,
-    /// Floor of the prompt prefill time the penalty multiplies, seconds.
-    pub kv_penalty_min_seconds: f64,
-    /// The work a request brings to a replica is paid again by every request that shares the replica's
-    /// steps: a waiting request starts that much later, a running one decodes that much slower (and frees
-    /// its batch slot and blocks later); and the fuller its pool is of running sequences, the more of the
-    /// cache later requests would hit its new blocks evict. With `w` waiting and `r` running requests and a
-    /// fraction `u` of the pool held by running sequences, the ranking score adds
-    /// `congestion_weight * (w + r) / (1 - u) * (compute + reload time)`, the compute priced at the fleet's
-    /// mean prefill rate so that one replica's noisy rate is not multiplied. This is what keeps a
-    /// conversation on the replica that holds its history when another is only briefly less busy, and a
-    /// new prefix off a replica whose pool is nearly full. 0 ranks by the request's own TTFT alone.
-    pub congestion_weight: f64,
-    /// Experimental: 0 the congestion term, 1 the externality term.
-    pub model: u32,
     /// Scores within this fraction of the best are near-ties...
     pub near_tie_relative: f64,
     /// ...or within this many seconds.
@@ -147,11 +126,6 @@ pub struct ScoringConfig {
 impl Default for ScoringConfig {
     fn default() -> Self {
         ScoringConfig {
-            kv_watermark: 0.9,
-            kv_penalty: 1.0,
-            kv_penalty_min_seconds: 0.01,
-            congestion_weight: 0.7,
-            model: 0,
             near_tie_relative: 0.05,
             near_tie_absolute_seconds: 0.001,
             default_prefill_tokens_per_second: 5_000.0,
@@ -197,21 +171,26 @@ impl Exclusion {
 /// The cost model's view of one replica for one request.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Prediction {
-    /// Queued prefill tokens at the replica's prefill rate, plus one decode-only step.
+    /// The wait before its prompt is computed: the prompt tokens queued ahead at the replica's prefill
+    /// rate plus one decode-only step, or, when longer, [`Prediction::memory_wait_s`].
     pub queue_wait_s: f64,
+    /// The wait for the replica's pool to free blocks for the prompts queued there and this one's.
+    pub memory_wait_s: f64,
     /// Unmatched tokens at the replica's prefill rate.
     pub compute_s: f64,
     /// Host hits: reload or recompute, whichever is cheaper.
     pub host_s: f64,
     /// Network hits: reload or recompute, whichever is cheaper.
     pub network_s: f64,
-    /// The sum of the four above.
+    /// Queue wait, compute and reloads: the predicted time to first token.
     pub ttft_s: f64,
-    /// Added to the ranking score above the KV watermark (0 below it).
-    pub kv_penalty_s: f64,
-    /// Added to the ranking score: this request's work as the waiting requests and the evicted cache pay
-    /// it ([`ScoringConfig::congestion_weight`]).
-    pub congestion_s: f64,
+    /// What the request's own work (compute and reloads) costs the requests that reach the replica while
+    /// it waits and computes, at the rate this router sends them there: they wait for it too.
+    pub delay_to_others_s: f64,
+    /// What the blocks the request newly takes in the replica's pool cost later requests: each evicts a
+    /// cached block, priced at recomputing it, by the chance it is wanted again, taken as the ratio of the
+    /// pool held by running sequences to the pool left to the cache.
+    pub eviction_s: f64,
 }
 
 /// One replica's line in a [`Decision`].
@@ -225,8 +204,6 @@ pub struct CandidateScore {
     /// The cache-aware prediction, whatever the policy (for explaining).
     pub predicted_ttft_s: f64,
     pub prediction: Prediction,
-    /// KV usage is above the watermark.
-    pub over_kv_watermark: bool,
     /// The policy's ranking value: lower is better.
     pub policy_score: f64,
     /// Set when the replica was not eligible.
@@ -286,9 +263,6 @@ impl Decision {
     }
 }
 
-/// The free fraction of a pool the congestion term divides by is taken as at least this.
-const MIN_FREE_POOL: f64 = 0.01;
-
 fn positive_or(value: f64, default: f64) -> f64 {
     if value.is_finite() && value > 0.0 { value } else { default }
 }
@@ -309,20 +283,13 @@ pub fn fleet_prefill_rate(views: &[ReplicaView]) -> f64 {
     measured_mean(views, |load| load.prefill_tokens_per_second).unwrap_or(0.0)
 }
 
-/// Predicted TTFT of `request` on `view` given its matched blocks; `fleet_prefill_rate`
-/// ([`fleet_prefill_rate`]) prices the congestion term.
-pub fn predict(
-    view: &ReplicaView,
-    found: ReplicaMatch,
-    prompt_tokens: usize,
-    fleet_prefill_rate: f64,
-    config: &ScoringConfig,
-) -> Prediction {
+/// What `prompt_tokens` would cost on `view` given its matched blocks ([`Prediction`]).
+pub fn predict(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize, config: &ScoringConfig) -> Prediction {
     let load = &view.load;
     let rate = positive_or(load.prefill_tokens_per_second, config.default_prefill_tokens_per_second);
     let host_bandwidth = positive_or(load.host_bytes_per_second, config.default_host_bytes_per_second);
     let network_bandwidth = positive_or(load.network_bytes_per_second, config.default_network_bytes_per_second);
-    let block_tokens = f64::from(view.block_size);
+    let block_tokens = f64::from(view.block_size.max(1));
     let block_bytes = view.bytes_per_block as f64;
     let prompt = prompt_tokens as f64;
     // Tier cost: reload at the tier's bandwidth, or recompute when cheaper.
@@ -333,73 +300,87 @@ pub fn predict(
     let unmatched_tokens = prompt - (f64::from(found.total_blocks()) * block_tokens).min(prompt);
     // The queued prompts at the marginal prefill rate, plus one decode-only step: the rest of the step in
     // progress and the running sequences' share of the step that computes this prompt.
-    let queue_wait_s = load.queued_prefill_tokens as f64 / rate + positive_or(load.decode_step_seconds, 0.0);
+    let compute_wait_s = load.queued_prefill_tokens as f64 / rate + positive_or(load.decode_step_seconds, 0.0);
+    let memory_wait_s = memory_wait_s(view, found, prompt_tokens);
+    let queue_wait_s = compute_wait_s.max(memory_wait_s);
     let compute_s = unmatched_tokens / rate;
     let host_s = tier_s(found.host_blocks, host_bandwidth);
     let network_s = tier_s(found.network_blocks, network_bandwidth);
-    let usage = load.kv_usage();
-    // Everyone sharing the replica's steps, more so as running sequences fill its pool (their blocks then
-    // come from evicting cache that later requests would hit, and at the end from preempting them).
-    let sharing = f64::from(load.waiting_requests) + f64::from(load.running_requests);
-    let paid_again_by = sharing / (1.0 - usage).max(MIN_FREE_POOL);
-    // The request's work at the fleet's mean rate: a replica whose rate reads high for a while would
-    // otherwise draw work to itself by its error times everyone it multiplies by.
-    let fleet_rate = positive_or(fleet_prefill_rate, rate);
-    let work_s = unmatched_tokens / fleet_rate + host_s + network_s;
-    let kv_penalty_s = if usage > config.kv_watermark {
-        let headroom = (1.0 - config.kv_watermark).max(f64::EPSILON);
-        let excess = ((usage - config.kv_watermark) / headroom).clamp(0.0, 1.0);
-        config.kv_penalty * (1.0 + excess) * (prompt / rate).max(config.kv_penalty_min_seconds)
-    } else {
-        0.0
-    };
-    let congestion_s = match config.model {
-        0 => config.congestion_weight * paid_again_by * work_s,
-        _ => {
-            // The requests that reach the replica while this one waits and computes wait for its work too.
-            let own_work_s = compute_s + host_s + network_s;
-            let behind = view.send_rate * (queue_wait_s + own_work_s);
-            own_work_s * behind
-        }
-    };
+    let work_s = compute_s + host_s + network_s;
+    let delay_to_others_s = work_s * view.tracked.send_rate * (queue_wait_s + work_s);
     Prediction {
         queue_wait_s,
+        memory_wait_s,
         compute_s,
         host_s,
         network_s,
-        ttft_s: queue_wait_s + compute_s + host_s + network_s,
-        kv_penalty_s,
-        congestion_s,
+        ttft_s: queue_wait_s + work_s,
+        delay_to_others_s,
+        eviction_s: eviction_s(view, found, prompt_tokens, rate),
     }
 }
 
-/// One line per view with its matches, prediction and eligibility; the
-/// policy score starts as the cache-aware score (TTFT plus KV penalty).
+/// Blocks `prompt_tokens` newly takes on `view`: those of its prompt the replica's pool does not hold.
+fn new_blocks(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize) -> u64 {
+    (prompt_tokens as u64).div_ceil(u64::from(view.block_size.max(1))).saturating_sub(u64::from(found.gpu_blocks))
+}
+
+/// How long until the replica's pool has room for the prompts queued there and this one's new blocks: none
+/// while its blocks not held by running sequences suffice; beyond that, the shortfall at the rate running
+/// sequences release blocks (its finishing rate times the blocks each holds). 0 while a figure is unknown.
+fn memory_wait_s(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize) -> f64 {
+    let load = &view.load;
+    let needed = load.queued_prefill_tokens / u64::from(view.block_size.max(1)) + new_blocks(view, found, prompt_tokens);
+    let free = load.kv_blocks_total.saturating_sub(load.kv_blocks_used);
+    if needed <= free || load.running_requests == 0 || load.kv_blocks_total == 0 {
+        return 0.0;
+    }
+    let release = view.tracked.finish_rate * load.kv_blocks_used as f64 / f64::from(load.running_requests);
+    if release > 0.0 { (needed - free) as f64 / release } else { 0.0 }
+}
+
+/// [`Prediction::eviction_s`]: the prompt's new blocks, each priced at recomputing a block, times the
+/// blocks running sequences hold (with these) over those left to the cache. 0 while the pool is unknown.
+fn eviction_s(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize, rate: f64) -> f64 {
+    let load = &view.load;
+    if load.kv_blocks_total == 0 {
+        return 0.0;
+    }
+    let new = new_blocks(view, found, prompt_tokens) as f64;
+    let held = load.kv_blocks_used as f64 + new;
+    let left = (load.kv_blocks_total as f64 - held).max(1.0);
+    new * f64::from(view.block_size.max(1)) / rate * held / left
+}
+
+/// One line per view with its matches, prediction and eligibility; the policy score starts as the
+/// predicted TTFT.
 pub fn candidates(
     request: &RouteRequest<'_>,
     replicas: &[ReplicaView],
     lookup: &LookupResult,
     config: &ScoringConfig,
 ) -> Vec<CandidateScore> {
-    let fleet_rate = fleet_prefill_rate(replicas);
-    replicas
-        .iter()
-        .map(|view| {
-            let found = usable_match(view, lookup.get(view.id));
-            let prediction = predict(view, found, request.prompt_tokens, fleet_rate, config);
-            CandidateScore {
-                replica: view.id,
-                gpu_blocks: found.gpu_blocks,
-                host_blocks: found.host_blocks,
-                network_blocks: found.network_blocks,
-                predicted_ttft_s: prediction.ttft_s,
-                prediction,
-                over_kv_watermark: view.load.kv_usage() > config.kv_watermark,
-                policy_score: prediction.ttft_s + prediction.kv_penalty_s + prediction.congestion_s,
-                excluded: view.exclusion(),
-            }
-        })
-        .collect()
+    replicas.iter().map(|view| candidate(request, view, usable_match(view, lookup.get(view.id)), config)).collect()
+}
+
+/// `view`'s line for `request` when it holds `found`.
+pub(crate) fn candidate(
+    request: &RouteRequest<'_>,
+    view: &ReplicaView,
+    found: ReplicaMatch,
+    config: &ScoringConfig,
+) -> CandidateScore {
+    let prediction = predict(view, found, request.prompt_tokens, config);
+    CandidateScore {
+        replica: view.id,
+        gpu_blocks: found.gpu_blocks,
+        host_blocks: found.host_blocks,
+        network_blocks: found.network_blocks,
+        predicted_ttft_s: prediction.ttft_s,
+        prediction,
+        policy_score: prediction.ttft_s,
+        excluded: view.exclusion(),
+    }
 }
 
 /// The eligible candidate indices whose score is within `tolerance(best)` of
@@ -439,63 +420,6 @@ pub(crate) fn lowest_then_random(candidates: &[CandidateScore], rng: &mut dyn Ra
         [only] => Some(*only),
         several => Some(several[rng.below(several.len())]),
     }
-}
-
-/// The default policy: minimum predicted TTFT plus KV penalty; near-ties go
-/// to the lower load, then to the RNG.
-pub fn cache_aware(
-    request: &RouteRequest<'_>,
-    replicas: &[ReplicaView],
-    lookup: &LookupResult,
-    config: &ScoringConfig,
-    rng: &mut dyn RandomSource,
-) -> Decision {
-    let mut candidates = candidates(request, replicas, lookup, config);
-    if config.model >= 2 {
-        let eligible: Vec<f64> = candidates
-            .iter()
-            .filter(|c| c.excluded.is_none())
-            .map(|c| c.prediction.queue_wait_s)
-            .collect();
-        let mean = eligible.iter().sum::<f64>() / eligible.len().max(1) as f64;
-        for (candidate, view) in candidates.iter_mut().zip(replicas) {
-            let p = candidate.prediction;
-            let work = p.compute_s + p.host_s + p.network_s;
-            let external = if config.model != 3 { work * view.send_rate * (p.queue_wait_s + work) } else { 0.0 };
-            let penalty = if config.model >= 4 { 0.0 } else { p.kv_penalty_s };
-            let memory = if config.model == 5 {
-                let block = f64::from(view.block_size.max(1));
-                let total = view.load.kv_blocks_total as f64;
-                let prompt_blocks = (request.prompt_tokens as f64 / block).ceil();
-                let new_blocks = (prompt_blocks - f64::from(candidate.gpu_blocks)).max(0.0);
-                let pinned = view.load.kv_blocks_used as f64 + new_blocks;
-                let free = (total - pinned).max(1.0);
-                let rate = if view.load.prefill_tokens_per_second > 0.0 { view.load.prefill_tokens_per_second } else { config.default_prefill_tokens_per_second };
-                new_blocks * block / rate * pinned / free
-            } else {
-                0.0
-            };
-            candidate.policy_score = p.queue_wait_s.max(mean) + work + external + penalty + memory;
-        }
-    }
-    let tied =
-        near_best(&candidates, |best| (best.abs() * config.near_tie_relative).max(config.near_tie_absolute_seconds));
-    let least_wait = |tied: &[usize]| {
-        tied.iter().copied().min_by(|&a, &b| {
-            candidates[a].prediction.queue_wait_s.total_cmp(&candidates[b].prediction.queue_wait_s)
-        })
-    };
-    let (chosen, rule) = match tied.as_slice() {
-        [] => (None, "no_eligible_replica"),
-        [only] => (Some(*only), "lowest_ttft"),
-        several if config.model >= 2 => (least_wait(several), "near_tie_wait"),
-        several => match break_tie(several, replicas, rng) {
-            Some((index, false)) => (Some(index), "near_tie_load"),
-            Some((index, true)) => (Some(index), "near_tie_random"),
-            None => (None, "no_eligible_replica"),
-        },
-    };
-    Decision { policy: "cache_aware", chosen: chosen.map(|index| replicas[index].id), rule, candidates }
 }
 
 /// Shared by the stateful baselines: the least-loaded eligible index, ties by RNG.

@@ -1,0 +1,89 @@
+//! `cache_aware`, the default policy: the replica where the request costs least, counting what it costs the
+//! requests around it, from the TTFT model of [`super::scoring`].
+//!
+//! Per eligible replica the score is, in seconds:
+//!
+//! - **the wait**, queue or pool ([`Prediction::queue_wait_s`]), but never below the mean wait of the
+//!   eligible replicas: a replica that is idle for the moment is not the fleet's lasting state (the next
+//!   requests will fill it), while a replica above the mean is, so locality yields once its holder's wait
+//!   exceeds the fleet's by more than the locality saves;
+//! - **the request's own work** there: compute, and reloads from the host or network tier;
+//! - **the delay to others** ([`Prediction::delay_to_others_s`]): the requests that reach the replica while
+//!   this one waits and computes wait for its work too;
+//! - **the eviction cost** ([`Prediction::eviction_s`]): the cached blocks its new blocks push out.
+//!
+//! The blocks of requests this router sent to a replica that have not finished count as held there: they
+//! are computed, or will be before this request's turn, whatever the replica's events have said yet.
+//!
+//! Scores within [`ScoringConfig::near_tie_relative`] of the best (or
+//! [`ScoringConfig::near_tie_absolute_seconds`]) are near-ties, settled by the shortest wait, then by the
+//! injected random source. Nothing here is fitted to a workload: every term is a time the replica's own
+//! measurements predict.
+
+use super::index::{LookupResult, ReplicaMatch};
+use super::rng::RandomSource;
+use super::scoring::{
+    CandidateScore, Decision, Prediction, ReplicaView, RouteRequest, ScoringConfig, candidate, near_best, usable_match,
+};
+
+/// The replica where `request` costs least ([the module docs](self)).
+pub fn cache_aware(
+    request: &RouteRequest<'_>,
+    replicas: &[ReplicaView],
+    lookup: &LookupResult,
+    config: &ScoringConfig,
+    rng: &mut dyn RandomSource,
+) -> Decision {
+    let mut candidates: Vec<CandidateScore> = replicas
+        .iter()
+        .map(|view| candidate(request, view, with_in_flight(view, usable_match(view, lookup.get(view.id))), config))
+        .collect();
+    let waits: Vec<f64> = candidates
+        .iter()
+        .filter(|candidate| candidate.excluded.is_none())
+        .map(|candidate| candidate.prediction.queue_wait_s)
+        .collect();
+    let mean_wait = waits.iter().sum::<f64>() / waits.len().max(1) as f64;
+    for candidate in &mut candidates {
+        candidate.policy_score = score(&candidate.prediction, mean_wait);
+    }
+    let tied =
+        near_best(&candidates, |best| (best.abs() * config.near_tie_relative).max(config.near_tie_absolute_seconds));
+    let (chosen, rule) = match tied.as_slice() {
+        [] => (None, "no_eligible_replica"),
+        [only] => (Some(*only), "lowest_cost"),
+        several => shortest_wait(&candidates, several, rng),
+    };
+    Decision { policy: "cache_aware", chosen: chosen.map(|index| replicas[index].id), rule, candidates }
+}
+
+/// The ranking score of one replica ([the module docs](self)).
+fn score(prediction: &Prediction, mean_wait: f64) -> f64 {
+    let work = prediction.ttft_s - prediction.queue_wait_s;
+    prediction.queue_wait_s.max(mean_wait) + work + prediction.delay_to_others_s + prediction.eviction_s
+}
+
+/// `found`, with the leading blocks of this router's unfinished requests on the replica counted as held in
+/// its gpu tier where the index knows fewer.
+fn with_in_flight(view: &ReplicaView, found: ReplicaMatch) -> ReplicaMatch {
+    let in_flight = u32::try_from(view.tracked.request_active_blocks).unwrap_or(u32::MAX);
+    let known = found.total_blocks();
+    if in_flight > known { ReplicaMatch { gpu_blocks: found.gpu_blocks + (in_flight - known), ..found } } else { found }
+}
+
+/// Among the near-tied `tied`, the shortest wait; exact ties of that by the RNG.
+fn shortest_wait(
+    candidates: &[CandidateScore],
+    tied: &[usize],
+    rng: &mut dyn RandomSource,
+) -> (Option<usize>, &'static str) {
+    let wait = |index: usize| candidates[index].prediction.queue_wait_s;
+    let Some(shortest) = tied.iter().map(|&index| wait(index)).min_by(f64::total_cmp) else {
+        return (None, "no_eligible_replica");
+    };
+    let shortest: Vec<usize> = tied.iter().copied().filter(|&index| wait(index) <= shortest).collect();
+    match shortest.as_slice() {
+        [only] => (Some(*only), "near_tie_wait"),
+        several => (Some(several[rng.below(several.len())]), "near_tie_random"),
+    }
+}
