@@ -6,46 +6,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use kvroute_test_support::services::{AgentProcess, GatewayProcess};
-use kvroute_test_support::{ChildProcess, free_port, http_request, project_binary, vllm};
+use kvroute_test_support::services::{AgentProcess, GatewayProcess, StubProcess};
+use kvroute_test_support::{http_request, vllm};
 use serde_json::{Value, json};
-
-struct StubProcess {
-    process: ChildProcess,
-    http: SocketAddr,
-    events: SocketAddr,
-}
-
-impl StubProcess {
-    fn start(model_dir: &Path) -> StubProcess {
-        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let events: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let mut command = Command::new(project_binary("kvroute-bench", "kvroute-stub"));
-        command.args(["--listen", &http.to_string(), "--kv-events", &events.to_string()]);
-        command.args(["--model-dir", model_dir.to_str().unwrap(), "--model", "stub-model"]);
-        let mut process = ChildProcess::spawn("kvroute-stub", &mut command).unwrap();
-        process.wait_for_tcp(http, Duration::from_secs(30)).unwrap_or_else(|message| panic!("{message}"));
-        StubProcess { process, http, events }
-    }
-
-    fn post(&self, path: &str, body: &Value) -> (u16, String) {
-        let answer =
-            http_request(self.http, "POST", path, &[("content-type", "application/json")], body.to_string().as_bytes())
-                .unwrap();
-        (answer.status, answer.text())
-    }
-
-    fn json(&self, path: &str, body: &Value) -> Value {
-        let (status, text) = self.post(path, body);
-        assert_eq!(status, 200, "{path}: {text}\n{}", self.process.log_tail());
-        serde_json::from_str(&text).unwrap()
-    }
-}
 
 /// A text of about `words` tokens that no other test sends.
 fn text(words: usize, tag: &str) -> String {

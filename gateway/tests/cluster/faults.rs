@@ -6,14 +6,16 @@
 
 #![allow(clippy::unwrap_used)]
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kvroute_test_support::api::{cached_tokens, debug_route, gpu_blocks_by_replica, post_json};
 use kvroute_test_support::services::{AgentProcess, EventStream, GatewayProcess, PATIENCE, metric_sum};
-use kvroute_test_support::{RedisServer, http_request, wait_until};
+use kvroute_test_support::{RedisServer, wait_until};
 use serde_json::{Value, json};
 
 use crate::{HEARTBEAT_TIMEOUT_MS, serial};
@@ -41,22 +43,11 @@ fn grpc_addrs(agents: &[AgentProcess]) -> Vec<SocketAddr> {
     agents.iter().map(|agent| agent.grpc).collect()
 }
 
-fn post(http: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
-    let headers = [("Content-Type", "application/json")];
-    match http_request(http, "POST", path, &headers, body.to_string().as_bytes()) {
-        Ok(response) => (response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null)),
-        Err(error) => (0, json!({ "io_error": error.to_string() })),
-    }
-}
-
 fn complete(http: SocketAddr, prompt: &str, max_tokens: u32) -> Value {
-    let (status, response) = post(http, "/v1/completions", &json!({"prompt": prompt, "max_tokens": max_tokens}));
+    let body = json!({"prompt": prompt, "max_tokens": max_tokens});
+    let (status, response) = post_json(http, "/v1/completions", &[], &body);
     assert_eq!(status, 200, "{response}");
     response
-}
-
-fn cached_tokens(response: &Value) -> u64 {
-    response["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
 }
 
 fn prompt(topic: &str) -> String {
@@ -64,28 +55,13 @@ fn prompt(topic: &str) -> String {
 }
 
 /// The replica the gateway would choose for `prompt`, and the GPU blocks it holds of it, per replica.
-fn explain(http: SocketAddr, prompt: &str) -> (String, Vec<(String, u64)>) {
-    let headers = [("Content-Type", "application/json"), ("Authorization", "Bearer sk-faults-admin")];
-    let response =
-        http_request(http, "POST", "/debug/route", &headers, json!({"prompt": prompt}).to_string().as_bytes());
-    let (status, explained) = match response {
-        Ok(response) => (response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null)),
-        Err(error) => (0, json!({ "io_error": error.to_string() })),
-    };
-    assert_eq!(status, 200, "{explained}");
-    let held = explained["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|candidate| {
-            (candidate["replica"].as_str().unwrap().to_string(), candidate["gpu_blocks"].as_u64().unwrap_or(0))
-        })
-        .collect();
-    (explained["chosen"].as_str().unwrap_or_default().to_string(), held)
+fn explain(http: SocketAddr, prompt: &str) -> (String, BTreeMap<String, u64>) {
+    let explained = debug_route(http, ADMIN_KEY, &json!({"prompt": prompt}));
+    (explained["chosen"].as_str().unwrap_or_default().to_string(), gpu_blocks_by_replica(&explained))
 }
 
-fn gpu_blocks_on(held: &[(String, u64)], replica: &str) -> u64 {
-    held.iter().find(|(name, _)| name == replica).map_or(0, |(_, blocks)| *blocks)
+fn gpu_blocks_on(held: &BTreeMap<String, u64>, replica: &str) -> u64 {
+    held.get(replica).copied().unwrap_or(0)
 }
 
 /// What one request of a [`Load`] got: its status (0: no HTTP answer), the response, and when it was sent.
@@ -111,7 +87,7 @@ impl Load {
                     while !stop.load(Ordering::Relaxed) {
                         let body = json!({"prompt": prompt(&format!("topic {}", i % topics)), "max_tokens": 4});
                         let sent = Instant::now();
-                        let (status, response) = post(http, "/v1/completions", &body);
+                        let (status, response) = post_json(http, "/v1/completions", &[], &body);
                         answers.lock().unwrap().push((status, response.to_string(), sent));
                         i += 1;
                     }
@@ -146,7 +122,7 @@ impl Load {
 
 /// Waits until the gateway's index knows a replica holding `text`'s blocks: returns the replica it would
 /// choose and the GPU blocks each holds.
-fn wait_for_holder(http: SocketAddr, text: &str) -> (String, Vec<(String, u64)>) {
+fn wait_for_holder(http: SocketAddr, text: &str) -> (String, BTreeMap<String, u64>) {
     wait_until("the index to know who holds the prompt", PATIENCE, || {
         let (chosen, held) = explain(http, text);
         if gpu_blocks_on(&held, &chosen) > 0 { Ok((chosen, held)) } else { Err(format!("{chosen:?} {held:?}")) }
@@ -211,7 +187,8 @@ fn a_frozen_agent_is_marked_unhealthy_then_readmitted_with_a_fresh_snapshot() {
     let frozen_at = Instant::now();
     gateway.wait_healthy(1, Duration::from_secs(5)).unwrap();
     assert!(frozen_at.elapsed() < Duration::from_secs(4), "marked unhealthy within the heartbeat timeout");
-    let (status, response) = post(gateway.http, "/v1/completions", &json!({"prompt": text, "max_tokens": 2}));
+    let body = json!({"prompt": text, "max_tokens": 2});
+    let (status, response) = post_json(gateway.http, "/v1/completions", &[], &body);
     assert_eq!(status, 200, "served by the other replica meanwhile: {response}");
     assert_eq!(cached_tokens(&response), 0, "the other replica never held the prompt");
     gateway.wait_next_batches(1).unwrap();
@@ -486,7 +463,7 @@ fn corrupted_redis_records_are_detected_counted_and_recomputed() {
     let on_b = GatewayProcess::start(&[agents[1].grpc], HEARTBEAT);
     let text = prompt("corruption");
     let body = json!({"prompt": text, "max_tokens": 8});
-    let (_, cold) = post(on_a.http, "/v1/completions", &body);
+    let (_, cold) = post_json(on_a.http, "/v1/completions", &[], &body);
     // Reused twice, the prompt's blocks are written through to Redis.
     for _ in 0..2 {
         complete(on_a.http, &text, 8);
@@ -501,7 +478,7 @@ fn corrupted_redis_records_are_detected_counted_and_recomputed() {
         let reply = redis.command(&[b"SETRANGE", &key, b"100", b"corrupted bytes"]).unwrap();
         assert!(reply.starts_with(b":"), "{}", String::from_utf8_lossy(&reply));
     }
-    let (status, on_b_response) = post(on_b.http, "/v1/completions", &body);
+    let (status, on_b_response) = post_json(on_b.http, "/v1/completions", &[], &body);
     assert_eq!(status, 200, "{on_b_response}");
     assert_eq!(on_b_response["choices"][0]["text"], cold["choices"][0]["text"], "recomputed: the same greedy text");
     assert_eq!(cached_tokens(&on_b_response), 0, "nothing corrupted was used");
@@ -521,7 +498,7 @@ fn past_capacity_admission_answers_429_and_every_accepted_request_completes() {
                 scope.spawn(move || {
                     let started = Instant::now();
                     let body = json!({"prompt": prompt(&format!("overload {i}")), "max_tokens": 200});
-                    let (status, response) = post(http, "/v1/completions", &body);
+                    let (status, response) = post_json(http, "/v1/completions", &[], &body);
                     (status, response, started.elapsed())
                 })
             })

@@ -9,7 +9,8 @@ use std::net::SocketAddr;
 use std::process::Command;
 
 use kvroute_proto::pb::{self, generate_client::GenerateClient};
-use kvroute_test_support::services::{AgentProcess, GatewayProcess, PATIENCE, wait_finished_on};
+use kvroute_test_support::api::{cached_tokens, debug_route, gpu_blocks_by_replica, post_json};
+use kvroute_test_support::services::{AgentProcess, GatewayProcess, PATIENCE, metric_sum, wait_finished_on};
 use kvroute_test_support::{http_request, wait_until};
 use serde_json::{Value, json};
 
@@ -51,29 +52,6 @@ fn start_serving(model: &str, agents: usize, gateway_args: &[&str]) -> Cluster {
     Cluster { _serial: serial, agents: started, gateway, http, grpc }
 }
 
-fn post(cluster: &Cluster, path: &str, body: &Value) -> (u16, Value) {
-    post_with(cluster, &[], path, body)
-}
-
-fn post_with(cluster: &Cluster, headers: &[(&str, &str)], path: &str, body: &Value) -> (u16, Value) {
-    let headers = [headers, &[("Content-Type", "application/json")]].concat();
-    let response = http_request(cluster.http, "POST", path, &headers, body.to_string().as_bytes()).unwrap();
-    (response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null))
-}
-
-fn cached_tokens(response: &Value) -> u64 {
-    response["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
-}
-
-fn metric(addr: SocketAddr, name: &str) -> f64 {
-    let body = http_request(addr, "GET", "/metrics", &[], b"").unwrap().text();
-    body.lines()
-        .find(|line| line.starts_with(name) && line[name.len()..].starts_with(' '))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(0.0)
-}
-
 fn long_prompt(topic: &str) -> String {
     format!("You are a careful assistant for {topic}. ").repeat(12)
 }
@@ -83,7 +61,7 @@ fn repeated_prefix_goes_to_its_holder_and_unrelated_prompts_spread() {
     let cluster = start(2);
     let prompt = long_prompt("accounting");
     let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0});
-    let (status, first) = post(&cluster, "/v1/completions", &body);
+    let (status, first) = post_json(cluster.http, "/v1/completions", &[], &body);
     assert_eq!(status, 200, "{first}");
     assert_eq!(first["object"], "text_completion");
     let prompt_tokens = first["usage"]["prompt_tokens"].as_u64().unwrap();
@@ -91,7 +69,7 @@ fn repeated_prefix_goes_to_its_holder_and_unrelated_prompts_spread() {
     // The holder's stored events reach the gateway: its index holds the prompt's full blocks.
     cluster.gateway.wait_indexed(prompt_tokens / 16).unwrap();
     for _ in 0..3 {
-        let (status, again) = post(&cluster, "/v1/completions", &body);
+        let (status, again) = post_json(cluster.http, "/v1/completions", &[], &body);
         assert_eq!(status, 200);
         let cached = cached_tokens(&again);
         assert_eq!(cached, (prompt_tokens - 1) / 16 * 16, "the repeat lands on the replica holding the prefix");
@@ -99,23 +77,21 @@ fn repeated_prefix_goes_to_its_holder_and_unrelated_prompts_spread() {
     }
     // Unrelated prompts: both replicas get work.
     for i in 0..8 {
-        let (status, _) =
-            post(&cluster, "/v1/completions", &json!({"prompt": long_prompt(&format!("topic {i}")), "max_tokens": 2}));
+        let unrelated = json!({"prompt": long_prompt(&format!("topic {i}")), "max_tokens": 2});
+        let (status, _) = post_json(cluster.http, "/v1/completions", &[], &unrelated);
         assert_eq!(status, 200);
     }
     // Agents publish their counters after steps: wait until they count all 12 requests as finished.
     wait_finished_on(&cluster.agents, 12).unwrap();
     for agent in &cluster.agents {
-        assert!(metric(agent.metrics, "kvroute_agent_prompt_tokens_total") > 0.0, "every replica served something");
+        assert!(metric_sum(agent.metrics, "kvroute_agent_prompt_tokens_total") > 0.0, "every replica served something");
     }
     // The explain endpoint shows the holder's GPU blocks.
-    let (status, explained) =
-        post_with(&cluster, &[("Authorization", "Bearer sk-cluster-admin")], "/debug/route", &body);
-    assert_eq!(status, 200);
-    let best = explained["candidates"].as_array().unwrap().iter().map(|c| c["gpu_blocks"].as_u64().unwrap()).max();
+    let explained = debug_route(cluster.http, ADMIN_KEY, &body);
+    let best = gpu_blocks_by_replica(&explained).into_values().max();
     assert_eq!(best, Some(prompt_tokens / 16));
     // Event batches carry their send time: the gateway measures how far behind the agents its index is.
-    assert!(metric(cluster.http, "kvroute_gateway_event_lag_seconds_count") > 0.0, "event lag is measured");
+    assert!(metric_sum(cluster.http, "kvroute_gateway_event_lag_seconds_count") > 0.0, "event lag is measured");
 }
 
 #[test]
@@ -123,9 +99,10 @@ fn chat_turn_two_reuses_turn_one_answer() {
     let cluster = start(2);
     let system = json!({"role": "system", "content": "You are a terse assistant. Answer in one sentence."});
     let user1 = json!({"role": "user", "content": "Name three rivers of Europe and say something about each of them."});
-    let (status, turn1) = post(
-        &cluster,
+    let (status, turn1) = post_json(
+        cluster.http,
         "/v1/chat/completions",
+        &[],
         &json!({"messages": [system, user1], "max_tokens": 40, "temperature": 0}),
     );
     assert_eq!(status, 200, "{turn1}");
@@ -137,9 +114,10 @@ fn chat_turn_two_reuses_turn_one_answer() {
     cluster.gateway.wait_indexed((p1 + n1 - 1) / 16).unwrap();
     let assistant = json!({"role": "assistant", "content": answer});
     let user2 = json!({"role": "user", "content": "And one more?"});
-    let (status, turn2) = post(
-        &cluster,
+    let (status, turn2) = post_json(
+        cluster.http,
         "/v1/chat/completions",
+        &[],
         &json!({"messages": [system, user1, assistant, user2], "max_tokens": 4}),
     );
     assert_eq!(status, 200, "{turn2}");
@@ -215,7 +193,7 @@ fn streaming_grpc_and_errors() {
         (json!({"max_tokens": 3}), 400),
     ];
     for (body, status) in cases {
-        let (got, error) = post(&cluster, "/v1/completions", &body);
+        let (got, error) = post_json(cluster.http, "/v1/completions", &[], &body);
         assert_eq!(got, status, "{body}: {error}");
         assert!(error["error"]["message"].is_string(), "{error}");
         assert!(error["error"]["type"].is_string(), "{error}");
@@ -233,13 +211,13 @@ fn smollm2_answers_a_simple_question_through_the_gateway() {
         "max_tokens": 12,
         "temperature": 0,
     });
-    let (status, answer) = post(&cluster, "/v1/chat/completions", &question);
+    let (status, answer) = post_json(cluster.http, "/v1/chat/completions", &[], &question);
     assert_eq!(status, 200, "{answer}");
     let text = answer["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(text.contains("Paris"), "SmolLM2 should name Paris: {text:?}");
     // Asked again, the prompt comes from the cache and greedy decoding gives the same answer.
     cluster.gateway.wait_indexed(answer["usage"]["prompt_tokens"].as_u64().unwrap() / 16).unwrap();
-    let (status, again) = post(&cluster, "/v1/chat/completions", &question);
+    let (status, again) = post_json(cluster.http, "/v1/chat/completions", &[], &question);
     assert_eq!(status, 200, "{again}");
     assert!(cached_tokens(&again) > 0, "{again}");
     assert_eq!(again["choices"][0]["message"]["content"], answer["choices"][0]["message"]["content"]);
@@ -256,19 +234,19 @@ fn private_tenants_do_not_share_cached_prefixes() {
     let cluster = start_with(1, &["--api-keys", keys.path().to_str().unwrap()]);
     let body = json!({"prompt": long_prompt("a confidential merger"), "max_tokens": 4, "temperature": 0});
     let completions = "/v1/completions";
-    let (status, first) = post_with(&cluster, &alice, completions, &body);
+    let (status, first) = post_json(cluster.http, completions, &alice, &body);
     assert_eq!(status, 200, "{first}");
     assert_eq!(cached_tokens(&first), 0);
-    let (_, alice_again) = post_with(&cluster, &alice, completions, &body);
+    let (_, alice_again) = post_json(cluster.http, completions, &alice, &body);
     assert!(cached_tokens(&alice_again) > 0, "a tenant reuses its own prefix: {alice_again}");
-    let (status, bob_first) = post_with(&cluster, &bob, completions, &body);
+    let (status, bob_first) = post_json(cluster.http, completions, &bob, &body);
     assert_eq!(status, 200, "{bob_first}");
     assert_eq!(cached_tokens(&bob_first), 0, "bob must not hit alice's blocks: {bob_first}");
     assert_eq!(bob_first["choices"][0]["text"], first["choices"][0]["text"], "same prompt, same greedy text");
-    let (_, bob_again) = post_with(&cluster, &bob, completions, &body);
+    let (_, bob_again) = post_json(cluster.http, completions, &bob, &body);
     assert!(cached_tokens(&bob_again) > 0, "bob reuses his own prefix: {bob_again}");
     for _ in 0..2 {
-        let (status, carol_response) = post_with(&cluster, &carol, completions, &body);
+        let (status, carol_response) = post_json(cluster.http, completions, &carol, &body);
         assert_eq!(status, 200, "{carol_response}");
         assert_eq!(cached_tokens(&carol_response), 0, "scope off: no reuse at all: {carol_response}");
     }
@@ -283,7 +261,7 @@ fn a_replica_whose_tokenizer_differs_is_refused() {
     let gateway = GatewayProcess::spawn(&[agent.grpc], &["--tokenizer", smollm2.to_str().unwrap()]);
     let http = gateway.http;
     wait_until("the replica refused", PATIENCE, || {
-        let refused = metric(http, "kvroute_gateway_replicas_refused_total");
+        let refused = metric_sum(http, "kvroute_gateway_replicas_refused_total");
         if refused >= 1.0 { Ok(refused) } else { Err(format!("{refused} refused")) }
     })
     .unwrap();

@@ -8,16 +8,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvroute_gateway::chat::{ChatMessage, ChatRenderer};
 use kvroute_gateway::tokenizer::Tokenizer;
 use kvroute_proto::pb::{self, generate_client::GenerateClient};
+use kvroute_test_support::api::post_json;
 use kvroute_test_support::services::{AgentProcess, GatewayProcess};
-use kvroute_test_support::{ChildProcess, http_request, project_binary};
+use kvroute_test_support::{http_request, project_binary, wait_until};
 use serde_json::{Value, json};
 
 /// One set of processes at a time: each test starts an agent and a gateway on a small machine.
@@ -78,12 +78,6 @@ fn setup(gateway_args: &[&str]) -> Setup {
     Setup { gateway, _agent: agent, logs, _serial: serial }
 }
 
-fn post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &Value) -> (u16, Value) {
-    let headers = [headers, &[("Content-Type", "application/json")]].concat();
-    let response = http_request(addr, "POST", path, &headers, body.to_string().as_bytes()).unwrap();
-    (response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null))
-}
-
 fn admin() -> [(&'static str, &'static str); 1] {
     [("Authorization", "Bearer sk-admin-4bd6c1e2")]
 }
@@ -96,15 +90,6 @@ fn series(addr: SocketAddr, name: &str, labels: &[&str]) -> f64 {
         .find(|line| labels.iter().all(|label| line.contains(label)))
         .and_then(|line| line.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0.0)
-}
-
-/// Waits for `condition` with a deadline.
-fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -150,9 +135,11 @@ fn a_four_mib_prompt_does_not_delay_a_small_request() {
     };
     let running = ["lane=\"large\"", "state=\"running\""];
     wait_until("the large prompt to be tokenizing", Duration::from_secs(60), || {
-        series(http, "kvroute_gateway_prompt_jobs", &running) >= 1.0 || !finished.lock().unwrap().is_empty()
-    });
-    let (status, small) = post(http, "/v1/completions", &[], &json!({"prompt": "Hello", "max_tokens": 1}));
+        let jobs = series(http, "kvroute_gateway_prompt_jobs", &running);
+        if jobs >= 1.0 || !finished.lock().unwrap().is_empty() { Ok(()) } else { Err(format!("{jobs} running")) }
+    })
+    .unwrap();
+    let (status, small) = post_json(http, "/v1/completions", &[], &json!({"prompt": "Hello", "max_tokens": 1}));
     finished.lock().unwrap().push("small");
     assert_eq!(status, 200, "{small}");
     let large = sender.join().unwrap();
@@ -300,7 +287,7 @@ fn http_and_grpc_refuse_the_same_requests_alike() {
     let runtime = runtime();
     let mut client = runtime.block_on(GenerateClient::connect(format!("http://{}", setup.gateway.grpc))).unwrap();
     for case in cases {
-        let (status, body) = post(setup.gateway.http, "/v1/completions", &[], &case.http);
+        let (status, body) = post_json(setup.gateway.http, "/v1/completions", &[], &case.http);
         assert_eq!(status, case.status, "{}: HTTP {body}", case.name);
         let message = body["error"]["message"].as_str().unwrap_or_default().to_string();
         assert!(!message.is_empty(), "{}: HTTP error without a message: {body}", case.name);
@@ -317,8 +304,12 @@ fn http_and_grpc_refuse_the_same_requests_alike() {
     }
     // Four stop strings are fine on both.
     let four: Vec<String> = five[..4].to_vec();
-    let (status, body) =
-        post(setup.gateway.http, "/v1/completions", &[], &json!({"prompt": "Hello", "max_tokens": 2, "stop": four}));
+    let (status, body) = post_json(
+        setup.gateway.http,
+        "/v1/completions",
+        &[],
+        &json!({"prompt": "Hello", "max_tokens": 2, "stop": four}),
+    );
     assert_eq!(status, 200, "{body}");
     let request = grpc(pb::GenerateRequest { max_tokens: 2, stop: four, ..pb::GenerateRequest::default() });
     assert!(runtime.block_on(client.generate(request)).is_ok());
@@ -335,16 +326,16 @@ fn chat(messages: usize) -> Value {
 fn chats_with_too_many_messages_are_refused() {
     let setup = setup(&["--max-messages", "3", "--admin-api-key", ADMIN_KEY]);
     let http = setup.gateway.http;
-    let (status, body) = post(http, "/v1/chat/completions", &[], &chat(3));
+    let (status, body) = post_json(http, "/v1/chat/completions", &[], &chat(3));
     assert_eq!(status, 200, "{body}");
     for path in ["/v1/chat/completions", "/debug/route"] {
-        let (status, body) = post(http, path, &admin(), &chat(4));
+        let (status, body) = post_json(http, path, &admin(), &chat(4));
         assert_eq!(status, 400, "{path}: {body}");
         assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
         assert_eq!(body["error"]["param"], "messages", "{body}");
         assert_eq!(body["error"]["message"], "at most 3 messages per request, got 4", "{body}");
     }
-    let (status, body) = post(http, "/v1/chat/completions", &[], &json!({"messages": []}));
+    let (status, body) = post_json(http, "/v1/chat/completions", &[], &json!({"messages": []}));
     assert_eq!((status, &body["error"]["param"]), (400, &json!("messages")), "{body}");
 }
 
@@ -475,7 +466,7 @@ fn continuation(grpc: SocketAddr, prompt: Vec<u32>, max_tokens: u32, seed: u64) 
 
 /// The prompt tokens of a chat turn as the gateway counted them.
 fn prompt_tokens(http: SocketAddr, headers: &[(&str, &str)], messages: &[ChatMessage]) -> u64 {
-    let (status, body) = post(
+    let (status, body) = post_json(
         http,
         "/v1/chat/completions",
         headers,
@@ -513,7 +504,7 @@ fn replies_cut_by_a_multi_token_stop_string_are_remembered_only_when_exact() {
     for inside in [0, 1] {
         let (cut, stop, reply) =
             find(inside).unwrap_or_else(|| panic!("no stop string {inside} bytes into a token in {generated:?}"));
-        let (status, body) = post(
+        let (status, body) = post_json(
             http,
             "/v1/chat/completions",
             &[],
@@ -542,25 +533,6 @@ fn replies_cut_by_a_multi_token_stop_string_are_remembered_only_when_exact() {
     }
 }
 
-/// Starts a gateway with `env` in its environment, over `agents`, with its log in `log`.
-fn spawn_gateway(agents: &[SocketAddr], args: &[&str], env: &[(&str, &str)], log: &Path) -> (ChildProcess, SocketAddr) {
-    let (http, grpc) = (kvroute_test_support::services::loopback(), kvroute_test_support::services::loopback());
-    let list: Vec<String> = agents.iter().map(SocketAddr::to_string).collect();
-    let mut command = Command::new(project_binary("kvroute-gateway", "gateway"));
-    command
-        .args(["--agents", &list.join(","), "--http-addr", &http.to_string(), "--grpc-addr", &grpc.to_string()])
-        .args(args)
-        .envs(env.iter().copied())
-        .env("RUST_LOG", "info")
-        .stderr(std::fs::File::create(log).unwrap());
-    let mut process = ChildProcess::spawn("gateway", &mut command).unwrap();
-    process.wait_for_tcp(http, Duration::from_secs(30)).unwrap();
-    wait_until("the gateway to be ready", Duration::from_secs(60), || {
-        http_request(http, "GET", "/ready", &[], b"").is_ok_and(|response| response.status == 200)
-    });
-    (process, http)
-}
-
 #[test]
 fn debug_route_needs_the_admin_key_and_renders_as_the_request_path() {
     let setup = setup(&[]);
@@ -568,14 +540,16 @@ fn debug_route_needs_the_admin_key_and_renders_as_the_request_path() {
     let keys = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(keys.path(), "sk-acme-0001 acme\n").unwrap();
     let keys_path = keys.path().to_str().unwrap();
-    let (_gateway, http) = spawn_gateway(
+    let gateway = GatewayProcess::start_logging_with_env(
         &agent,
         &["--api-keys", keys_path],
         &[("KVROUTE_ADMIN_API_KEY", ADMIN_KEY)],
         &setup.logs.path("gateway-with-admin-key"),
+        "info",
     );
+    let http = gateway.http;
     let tenant = [("Authorization", "Bearer sk-acme-0001")];
-    let explain = |headers: &[(&str, &str)], body: &Value| post(http, "/debug/route", headers, body);
+    let explain = |headers: &[(&str, &str)], body: &Value| post_json(http, "/debug/route", headers, body);
     let prompt = json!({"prompt": "Hello there", "tenant": "acme"});
     // Without the admin key: refused with OpenAI's error shape.
     for (headers, status, kind) in [
@@ -612,7 +586,7 @@ fn debug_route_needs_the_admin_key_and_renders_as_the_request_path() {
         })
         .expect("a reply whose text tokenizes back to another number of tokens");
     let body = json!({"messages": wire(&question), "max_tokens": length, "temperature": 1, "seed": seed});
-    let (status, turn1) = post(http, "/v1/chat/completions", &tenant, &body);
+    let (status, turn1) = post_json(http, "/v1/chat/completions", &tenant, &body);
     assert_eq!(status, 200, "{turn1}");
     let reply = turn1["choices"][0]["message"]["content"].as_str().unwrap().to_string();
     assert_eq!(reply, tokenizer.decode(&generated[..length]).unwrap(), "{turn1}");
@@ -627,7 +601,7 @@ fn debug_route_needs_the_admin_key_and_renders_as_the_request_path() {
     assert_eq!(explained["prompt_tokens"], prompt_tokens(http, &tenant, &next), "{explained}");
 
     // A gateway without an admin key has the endpoint off.
-    let (status, body) = post(setup.gateway.http, "/debug/route", &admin(), &json!({"prompt": "Hello"}));
+    let (status, body) = post_json(setup.gateway.http, "/debug/route", &admin(), &json!({"prompt": "Hello"}));
     assert_eq!(status, 404, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("KVROUTE_ADMIN_API_KEY"), "{body}");
     // And the admin key cannot be a tenant key.

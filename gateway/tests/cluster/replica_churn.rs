@@ -11,10 +11,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use kvroute_test_support::api::{debug_route, gpu_blocks_by_replica};
 use kvroute_test_support::forwarder::Forwarder;
 use kvroute_test_support::services::{AgentProcess, GatewayProcess, metric_series};
 use kvroute_test_support::{http_request, wait_until};
-use serde_json::Value;
+use serde_json::json;
 
 const ADMIN_KEY: &str = "churn-admin-key";
 /// Replicas live at once, and replaced per round.
@@ -46,24 +47,6 @@ fn complete(gateway: SocketAddr, prompt: &[u32]) {
         http_request(gateway, "POST", "/v1/completions", &[("Content-Type", "application/json")], body.as_bytes())
             .unwrap();
     assert_eq!(response.status, 200, "{}", response.text());
-}
-
-/// Each replica's gpu blocks for `prompt`, from /debug/route.
-fn explained_gpu_blocks(gateway: SocketAddr, prompt: &[u32]) -> BTreeMap<String, u64> {
-    let body = serde_json::json!({ "prompt": prompt }).to_string();
-    let auth = format!("Bearer {ADMIN_KEY}");
-    let headers = [("Content-Type", "application/json"), ("Authorization", auth.as_str())];
-    let response = http_request(gateway, "POST", "/debug/route", &headers, body.as_bytes()).unwrap();
-    assert_eq!(response.status, 200, "{}", response.text());
-    let explained: Value = serde_json::from_slice(&response.body).unwrap();
-    explained["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|candidate| {
-            (candidate["replica"].as_str().unwrap().to_string(), candidate["gpu_blocks"].as_u64().unwrap())
-        })
-        .collect()
 }
 
 fn resident_kib(pid: u32) -> u64 {
@@ -129,7 +112,7 @@ fn three_hundred_endpoints_over_time_keep_every_live_replica_indexed_and_routed(
         .unwrap();
 
         // Indexed, each with its own agent's blocks: a reused id never carries an old replica's.
-        let gpu_blocks = explained_gpu_blocks(http, &known);
+        let gpu_blocks = gpu_blocks_by_replica(&debug_route(http, ADMIN_KEY, &json!({ "prompt": known })));
         for forwarder in &live {
             let expected_blocks = if forwarder.target == holder.grpc { 4 } else { 0 };
             assert_eq!(

@@ -7,6 +7,7 @@
 
 use std::net::SocketAddr;
 
+use kvroute_test_support::api::{cached_tokens, post_json};
 use kvroute_test_support::services::{AgentProcess, EventStream, GatewayProcess, PATIENCE, metric_sum};
 use kvroute_test_support::{RedisServer, http_request, wait_until};
 use serde_json::{Value, json};
@@ -15,17 +16,12 @@ use crate::serial;
 
 const KEYS: &str = "sk-alice-4f1c9e alice private\nsk-bob-77aa01 bob private\nsk-carol-0b3e52 carol off\n";
 
-fn post(http: SocketAddr, key: &str, path: &str, body: &Value) -> (u16, Value) {
-    let bearer = format!("Bearer {key}");
-    let headers = [("Authorization", bearer.as_str()), ("Content-Type", "application/json")];
-    let response = http_request(http, "POST", path, &headers, body.to_string().as_bytes()).unwrap();
-    (response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null))
-}
-
 fn cached(http: SocketAddr, key: &str, prompt: &str) -> u64 {
-    let (status, response) = post(http, key, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 2}));
+    let bearer = format!("Bearer {key}");
+    let body = json!({"prompt": prompt, "max_tokens": 2});
+    let (status, response) = post_json(http, "/v1/completions", &[("Authorization", &bearer)], &body);
     assert_eq!(status, 200, "{response}");
-    response["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+    cached_tokens(&response)
 }
 
 #[test]
@@ -106,7 +102,8 @@ fn api_keys_and_prompt_text_never_reach_logs_metrics_or_error_messages() {
     let secret = "quartz-pelican-8842 launch codes";
     let mut answers = String::new();
     let mut ask = |key: &str, path: &str, body: Value| {
-        let (status, response) = post(gateway.http, key, path, &body);
+        let bearer = format!("Bearer {key}");
+        let (status, response) = post_json(gateway.http, path, &[("Authorization", &bearer)], &body);
         if status != 200 {
             answers.push_str(&response.to_string());
         }

@@ -15,6 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use kvroute_test_support::api::{cached_tokens, debug_route, gpu_blocks_by_replica, post_json};
 use kvroute_test_support::services::{AgentProcess, GatewayProcess, PATIENCE, metric_series, metric_sum};
 use kvroute_test_support::vllm::{self, VllmServer};
 use kvroute_test_support::{http_request, wait_until};
@@ -99,45 +100,26 @@ fn prompt(tag: &str, words: usize) -> String {
     text
 }
 
-fn post(http: SocketAddr, key: Option<&str>, body: &Value) -> (u16, Value) {
-    let bearer = key.map(|key| format!("Bearer {key}"));
-    let mut headers = vec![("Content-Type", "application/json")];
-    if let Some(bearer) = &bearer {
-        headers.push(("Authorization", bearer.as_str()));
-    }
-    let response = http_request(http, "POST", "/v1/completions", &headers, body.to_string().as_bytes()).unwrap();
-    (response.status, serde_json::from_slice(&response.body).unwrap_or(Value::Null))
-}
-
-/// Completes `text` (2 tokens); returns (prompt tokens, cached tokens) as the engine reported them.
+/// Completes `text` (2 tokens) with API key `key`; returns (prompt tokens, cached tokens) as the engine
+/// reported them.
 fn complete(http: SocketAddr, key: Option<&str>, text: &str) -> (u64, u64) {
-    let (status, response) = post(http, key, &json!({"prompt": text, "max_tokens": 2, "temperature": 0}));
+    let bearer = key.map(|key| format!("Bearer {key}"));
+    let headers: Vec<(&str, &str)> = bearer.iter().map(|bearer| ("Authorization", bearer.as_str())).collect();
+    let body = json!({"prompt": text, "max_tokens": 2, "temperature": 0});
+    let (status, response) = post_json(http, "/v1/completions", &headers, &body);
     assert_eq!(status, 200, "{response}");
-    let usage = &response["usage"];
-    (usage["prompt_tokens"].as_u64().unwrap(), usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap())
+    (response["usage"]["prompt_tokens"].as_u64().unwrap(), cached_tokens(&response))
 }
 
 /// The gateway's explanation of how it would route `text` for `tenant` (/debug/route; a gateway with API
 /// keys needs the tenant).
 fn explain(gateway: &GatewayProcess, tenant: Option<&str>, text: &str) -> Value {
-    let auth = format!("Bearer {ADMIN_KEY}");
-    let headers = [("Content-Type", "application/json"), ("Authorization", auth.as_str())];
-    let body = json!({"prompt": text, "tenant": tenant}).to_string();
-    let response = http_request(gateway.http, "POST", "/debug/route", &headers, body.as_bytes()).unwrap();
-    assert_eq!(response.status, 200, "{}", response.text());
-    serde_json::from_slice(&response.body).unwrap()
+    debug_route(gateway.http, ADMIN_KEY, &json!({"prompt": text, "tenant": tenant}))
 }
 
 /// Each replica's GPU blocks of `text`'s prefix in the gateway's index, from /debug/route.
 fn indexed_blocks(gateway: &GatewayProcess, tenant: Option<&str>, text: &str) -> BTreeMap<String, u64> {
-    explain(gateway, tenant, text)["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|candidate| {
-            (candidate["replica"].as_str().unwrap().to_string(), candidate["gpu_blocks"].as_u64().unwrap())
-        })
-        .collect()
+    gpu_blocks_by_replica(&explain(gateway, tenant, text))
 }
 
 /// Waits until the gateway's index holds `blocks` of `text`'s blocks (in `tenant`'s scope) on `agent`'s

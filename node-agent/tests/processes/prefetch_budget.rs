@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kvroute_proto::domain::AgentInfo;
 use kvroute_proto::pb::{self, agent_client::AgentClient};
-use kvroute_test_support::services::{AgentProcess, metric_series};
+use kvroute_test_support::services::AgentProcess;
 use kvroute_test_support::{RedisServer, wait_until};
 
 /// Runs `prompt` on the agent at `addr`; returns the cached tokens it reports.
@@ -28,19 +28,6 @@ async fn block_bytes(addr: SocketAddr) -> u64 {
     let mut client = AgentClient::connect(format!("http://{addr}")).await.unwrap();
     let info = AgentInfo::try_from(client.info(pb::InfoRequest {}).await.unwrap().into_inner()).unwrap();
     info.kv_geometry.bytes_per_block(info.block_size)
-}
-
-/// Waits until the agent reaches its Redis tier (it connects in the background after starting).
-fn wait_network_up(agent: &AgentProcess) {
-    wait_until("the agent's network tier up", Duration::from_secs(30), || {
-        let up = metric_series(agent.metrics, "kvroute_agent_tier_up");
-        if up.iter().any(|(labels, value)| labels.contains("network") && *value == 1.0) {
-            Ok(())
-        } else {
-            Err(format!("{up:?}"))
-        }
-    })
-    .unwrap();
 }
 
 fn keys(redis: &RedisServer) -> u64 {
@@ -64,9 +51,7 @@ async fn an_agent_prefetches_no_more_than_its_budget_and_recomputes_the_rest() {
 
     let two_blocks = (2 * block_bytes(writer.grpc).await).to_string();
     let small = AgentProcess::start_tiered(&redis.url(), "small", &["--prefetch-budget-bytes", &two_blocks]);
-    wait_network_up(&small);
     assert_eq!(cached_tokens(small.grpc, &prompt).await, 32, "two blocks reloaded, six recomputed");
     let default = AgentProcess::start_tiered(&redis.url(), "default", &[]);
-    wait_network_up(&default);
     assert_eq!(cached_tokens(default.grpc, &prompt).await, 128, "all eight reloaded");
 }

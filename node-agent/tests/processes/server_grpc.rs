@@ -10,27 +10,14 @@ use std::time::Duration;
 
 use kvroute_proto::domain::{AgentInfo, KvEvent, KvEventBatch, Tier};
 use kvroute_proto::pb::{self, agent_client::AgentClient};
-use kvroute_test_support::{ChildProcess, free_port, http_request};
+use kvroute_test_support::services::AgentProcess;
+use kvroute_test_support::{free_port, http_request};
 use tonic::Code;
 
-struct Agent {
-    process: ChildProcess,
-    grpc: SocketAddr,
-    metrics: SocketAddr,
-}
-
-fn start_agent(extra: &[&str]) -> Agent {
-    let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_node-agent"));
-    command
-        .args(["--model", "tiny-random", "--num-blocks", "64", "--block-size", "4", "--agent-id", "test-agent"])
-        .args(["--listen", &grpc.to_string(), "--metrics-addr", &metrics.to_string()])
-        .args(extra);
-    let mut process = ChildProcess::spawn("node-agent", &mut command).unwrap();
-    process.wait_for_tcp(grpc, Duration::from_secs(60)).unwrap();
-    process.wait_for_tcp(metrics, Duration::from_secs(10)).unwrap();
-    Agent { process, grpc, metrics }
+/// The agent these tests run: tiny-random in 64 blocks of 4 tokens, named `test-agent`, with `extra` arguments.
+fn start_agent(extra: &[&str]) -> AgentProcess {
+    let base = ["--model", "tiny-random", "--num-blocks", "64", "--block-size", "4", "--agent-id", "test-agent"];
+    AgentProcess::start(&[&base[..], extra].concat())
 }
 
 async fn client(addr: SocketAddr) -> AgentClient<tonic::transport::Channel> {
