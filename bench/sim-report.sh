@@ -14,6 +14,9 @@
 #       families also run on the dynamo-mocker profile (Dynamo's mocker engine, no tiers) beside the real
 #       Dynamo 1.6.1 router replaying the same trace (bench/dynamo-replay.py; scripts/tools/dynamo.sh
 #       installs it): a "Dynamo (real)" table.
+#   bench/sim-report.sh ablation   # what each term of cache_aware's score buys: cache_aware with all of them
+#       and without each (kvroute-sim --without), on twelve robustness cells, 8 replicas, tiers on (only when
+#       named; reuses the robustness suite's cells for the other policies when they are there).
 #   bench/sim-report.sh dynamo-check # kvroute-sim's dynamo-mocker profile against Dynamo's own replay on the
 #       repository's trace at its rate and 4 times it: round_robin for the engine model, the dynamo baseline
 #       for the router (only when named).
@@ -141,6 +144,69 @@ for scale in (1, 4):
         else:
             print(f"x{scale:<4} {name:<24} {r['hit_ratio']:6.3f} {r['ttft_mean_s']:7.3f} {r['ttft_p50_s']:7.3f} "
                   f"{r['ttft_p99_s']:7.2f} {r['rejected']:7d}")
+EOF
+fi
+
+# What each term of cache_aware's score buys: only when named.
+if [[ " $selected " == *" ablation "* ]]; then
+  rob=$out/robustness
+  abl=$out/ablation
+  mkdir -p "$rob/traces" "$abl"
+  bench/robustness-traces.py "$rob/traces"
+  variants=("all" mean-floor delay-to-others eviction memory-wait in-flight)
+  cells=(trace:1 trace:4 rag:4 fewshot:2 timestamp-top:2 shared-prefix:1 shared-prefix:2 zipf-docs:1 many-tenants:4
+    bursty:4 agentic-long:1 long-short:2)
+  for spec in "${cells[@]}"; do
+    family=${spec%%:*}
+    scale=${spec#*:}
+    case "$family" in
+      trace) base=(--trace "$trace") ;;
+      shared-prefix) base=(--workload shared-prefix --groups 150 --requests 4500 --rate 16 --kv-pool-bytes 40000000000) ;;
+      chat|agent|rag|fewshot|timestamp-top) base=(--workload "$family" --sessions 1000 --rate 50) ;;
+      *) base=(--trace "$rob/traces/$family.jsonl") ;;
+    esac
+    cell="$family-8-x$scale-tiers-on"
+    if [ ! -s "$rob/$cell.json" ]; then
+      echo "== ablation: the other policies on $cell" >&2
+      "$sim" "${base[@]}" --replicas 8 --policy all --profile h100-llama3-8b --rate-scale "$scale" --json \
+        >"$rob/$cell.json.partial"
+      mv "$rob/$cell.json.partial" "$rob/$cell.json"
+    fi
+    for variant in "${variants[@]}"; do
+      [ -s "$abl/$cell-$variant.json" ] && [ "${ROBUSTNESS_FRESH:-0}" != 1 ] && continue
+      without=()
+      [ "$variant" != all ] && without=(--without "$variant")
+      echo "== ablation: cache_aware without $variant on $cell" >&2
+      "$sim" "${base[@]}" --replicas 8 --policy cache_aware --profile h100-llama3-8b --rate-scale "$scale" \
+        "${without[@]}" --json >"$abl/$cell-$variant.json.partial"
+      mv "$abl/$cell-$variant.json.partial" "$abl/$cell-$variant.json"
+    done
+  done
+  python3 - "$rob" "$abl" "${variants[*]}" "${cells[@]}" <<'EOF'
+import json, math, os, sys
+rob, abl, variants, specs = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4:]
+print("ablation: cache_aware with every term, and without each (8 replicas, tiers on). Per cell: mean TTFT / p99 TTFT in s")
+print("/ hit ratio / 429s; the last rows sum, over the cells, how far each variant is above the best other policy")
+print("(log of the ratio, 0 when at or below) and the hit points it is below the best")
+cells = [f"{spec.split(':')[0]}-8-x{spec.split(':')[1]}-tiers-on" for spec in specs]
+print(f"{'cell':<30} " + " ".join(f"{('without ' + v) if v != 'all' else 'all terms':>27}" for v in variants))
+regret = {v: [0.0, 0.0, 0.0, 0] for v in variants}
+for cell in cells:
+    others = [r for r in json.load(open(os.path.join(rob, cell + ".json")))["results"] if r["policy"] != "cache_aware"]
+    best_mean = min(r["ttft_mean_s"] for r in others)
+    best_p99 = min(r["ttft_p99_s"] for r in others)
+    best_hit = max(r["hit_ratio"] for r in others)
+    row = f"{cell:<30} "
+    for v in variants:
+        r = json.load(open(os.path.join(abl, f"{cell}-{v}.json")))["results"][0]
+        row += f"{r['ttft_mean_s']:7.3f}/{r['ttft_p99_s']:6.2f}/{r['hit_ratio']:.3f}/{r['rejected']:<4} "
+        regret[v][0] += max(0.0, math.log(r["ttft_mean_s"] / best_mean))
+        regret[v][1] += max(0.0, math.log(r["ttft_p99_s"] / best_p99))
+        regret[v][2] += max(0.0, best_hit - r["hit_ratio"]) * 100
+        regret[v][3] += r["rejected"]
+    print(row)
+for index, name in enumerate(["mean above best", "p99 above best", "hit points below", "429s"]):
+    print(f"{name:<30} " + " ".join(f"{regret[v][index]:>27.2f}" if index < 3 else f"{regret[v][index]:>27d}" for v in variants))
 EOF
 fi
 

@@ -14,7 +14,7 @@ use kvroute_bench::sim::{
 };
 use kvroute_bench::trace;
 use kvroute_bench::workload::{WorkloadConfig, WorkloadKind};
-use kvroute_gateway::routing::{DEFAULT_PENDING_TTL_MS, PolicyKind, ScoringConfig};
+use kvroute_gateway::routing::{CostTerms, DEFAULT_PENDING_TTL_MS, PolicyKind, ScoringConfig};
 
 /// The simulator allocates and frees millions of small block records and events: mimalloc does that
 /// several times faster than the system allocator.
@@ -63,6 +63,10 @@ struct Args {
     /// agent's heartbeat interval).
     #[arg(long, default_value_t = DEFAULT_EVENT_LAG.as_millis() as u64)]
     event_lag_ms: u64,
+    /// cache_aware without these terms of its score, comma-separated (to measure what each buys):
+    /// mean-floor, delay-to-others, eviction, memory-wait, in-flight.
+    #[arg(long, value_name = "TERMS")]
+    without: Option<String>,
     /// Synthetic workloads: sessions.
     #[arg(long, default_value_t = 200)]
     sessions: usize,
@@ -128,6 +132,12 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     anyhow::ensure!(profile.num_blocks() > 0, "the KV pool holds no block");
+    let mut scoring = ScoringConfig::default();
+    for name in args.without.as_deref().unwrap_or("").split(',').map(str::trim).filter(|name| !name.is_empty()) {
+        scoring.terms = scoring.terms.without(name).with_context(|| {
+            format!("--without: unknown term {name:?}; one of {}", CostTerms::NAMES.join(", "))
+        })?;
+    }
     let policies = policies(&args.policy)?;
     let plan = plan(&args, &profile)?;
     let bound_hit_ratio = plan.bound_hit_ratio(profile.block_size, MODEL_ID);
@@ -141,7 +151,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             pending_ttl_ms: args.pending_ttl_ms,
             event_lag: Duration::from_millis(args.event_lag_ms),
             record_requests: args.requests_out.is_some(),
-            scoring: ScoringConfig::default(),
+            scoring: scoring.clone(),
         })
         .collect();
     let results = run_all(configs, &plan)?;

@@ -18,7 +18,7 @@
 //! Scores within [`ScoringConfig::near_tie_relative`] of the best (or
 //! [`ScoringConfig::near_tie_absolute_seconds`]) are near-ties, settled by the shortest wait, then by the
 //! injected random source. Nothing here is fitted to a workload: every term is a time the replica's own
-//! measurements predict.
+//! measurements predict. [`ScoringConfig::terms`] turns terms off, to measure what each buys.
 
 use super::index::{LookupResult, ReplicaMatch};
 use super::rng::RandomSource;
@@ -36,14 +36,17 @@ pub fn cache_aware(
 ) -> Decision {
     let mut candidates: Vec<CandidateScore> = replicas
         .iter()
-        .map(|view| candidate(request, view, with_in_flight(view, usable_match(view, lookup.get(view.id))), config))
+        .map(|view| {
+            let found = usable_match(view, lookup.get(view.id));
+            candidate(request, view, if config.terms.in_flight { with_in_flight(view, found) } else { found }, config)
+        })
         .collect();
     let waits: Vec<f64> = candidates
         .iter()
         .filter(|candidate| candidate.excluded.is_none())
         .map(|candidate| candidate.prediction.queue_wait_s)
         .collect();
-    let mean_wait = waits.iter().sum::<f64>() / waits.len().max(1) as f64;
+    let mean_wait = if config.terms.mean_floor { waits.iter().sum::<f64>() / waits.len().max(1) as f64 } else { 0.0 };
     for candidate in &mut candidates {
         candidate.policy_score = score(&candidate.prediction, mean_wait);
     }

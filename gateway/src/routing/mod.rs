@@ -39,6 +39,7 @@ pub use policy::Policy;
 pub use policy_kind::{PolicyKind, UnknownPolicy};
 pub use rng::{RandomSource, SplitMix64};
 pub use scoring::{
-    CandidateScore, Decision, Exclusion, Prediction, ReplicaView, RouteRequest, ScoringConfig, fill_unmeasured_rates,
+    CandidateScore, CostTerms, Decision, Exclusion, Prediction, ReplicaView, RouteRequest, ScoringConfig,
+    fill_unmeasured_rates,
 };
 pub use sketch::{PrefixSketch, SketchConfig};

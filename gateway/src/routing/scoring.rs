@@ -86,6 +86,8 @@ pub fn fill_unmeasured_rates(views: &mut [ReplicaView]) {
 /// Every routing tunable and default, in one place.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScoringConfig {
+    /// The terms `cache_aware` counts (all by default; turning one off measures what it buys).
+    pub terms: CostTerms,
     /// Scores within this fraction of the best are near-ties...
     pub near_tie_relative: f64,
     /// ...or within this many seconds.
@@ -126,6 +128,7 @@ pub struct ScoringConfig {
 impl Default for ScoringConfig {
     fn default() -> Self {
         ScoringConfig {
+            terms: CostTerms::ALL,
             near_tie_relative: 0.05,
             near_tie_absolute_seconds: 0.001,
             default_prefill_tokens_per_second: 5_000.0,
@@ -147,6 +150,42 @@ impl Default for ScoringConfig {
             llmd_queue_weight: 2.0,
             llmd_kv_weight: 2.0,
         }
+    }
+}
+
+/// The terms of `cache_aware`'s score beyond the request's own wait and work ([`super::cache_aware`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CostTerms {
+    /// A wait below the fleet's mean counts as the mean.
+    pub mean_floor: bool,
+    /// [`Prediction::delay_to_others_s`].
+    pub delay_to_others: bool,
+    /// [`Prediction::eviction_s`].
+    pub eviction: bool,
+    /// [`Prediction::memory_wait_s`].
+    pub memory_wait: bool,
+    /// Blocks of this router's unfinished requests on a replica count as held there.
+    pub in_flight: bool,
+}
+
+impl CostTerms {
+    pub const ALL: CostTerms =
+        CostTerms { mean_floor: true, delay_to_others: true, eviction: true, memory_wait: true, in_flight: true };
+    /// Their names, as `kvroute-sim --without` takes them.
+    pub const NAMES: [&str; 5] = ["mean-floor", "delay-to-others", "eviction", "memory-wait", "in-flight"];
+
+    /// These terms less the one named `name`, or None for an unknown name.
+    pub fn without(self, name: &str) -> Option<CostTerms> {
+        let mut terms = self;
+        match name {
+            "mean-floor" => terms.mean_floor = false,
+            "delay-to-others" => terms.delay_to_others = false,
+            "eviction" => terms.eviction = false,
+            "memory-wait" => terms.memory_wait = false,
+            "in-flight" => terms.in_flight = false,
+            _ => return None,
+        }
+        Some(terms)
     }
 }
 
@@ -301,13 +340,14 @@ pub fn predict(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize, co
     // The queued prompts at the marginal prefill rate, plus one decode-only step: the rest of the step in
     // progress and the running sequences' share of the step that computes this prompt.
     let compute_wait_s = load.queued_prefill_tokens as f64 / rate + positive_or(load.decode_step_seconds, 0.0);
-    let memory_wait_s = memory_wait_s(view, found, prompt_tokens);
+    let memory_wait_s = if config.terms.memory_wait { memory_wait_s(view, found, prompt_tokens) } else { 0.0 };
     let queue_wait_s = compute_wait_s.max(memory_wait_s);
     let compute_s = unmatched_tokens / rate;
     let host_s = tier_s(found.host_blocks, host_bandwidth);
     let network_s = tier_s(found.network_blocks, network_bandwidth);
     let work_s = compute_s + host_s + network_s;
-    let delay_to_others_s = work_s * view.tracked.send_rate * (queue_wait_s + work_s);
+    let delay_to_others_s =
+        if config.terms.delay_to_others { work_s * view.tracked.send_rate * (queue_wait_s + work_s) } else { 0.0 };
     Prediction {
         queue_wait_s,
         memory_wait_s,
@@ -316,7 +356,7 @@ pub fn predict(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize, co
         network_s,
         ttft_s: queue_wait_s + work_s,
         delay_to_others_s,
-        eviction_s: eviction_s(view, found, prompt_tokens, rate),
+        eviction_s: if config.terms.eviction { eviction_s(view, found, prompt_tokens, rate) } else { 0.0 },
     }
 }
 
