@@ -94,8 +94,7 @@ fn views() -> Vec<ReplicaView> {
             },
             block_size: 16,
             bytes_per_block: 2 << 20,
-            send_rate: 0.0,
-            tracked: Default::default(),
+                        tracked: Default::default(),
         })
         .collect()
 }

@@ -218,8 +218,7 @@ fn idle_view(id: ReplicaId) -> ReplicaView {
         },
         block_size: DEFAULT_BLOCK_SIZE,
         bytes_per_block: 2 << 20,
-        send_rate: 0.0,
-        tracked: Default::default(),
+                tracked: Default::default(),
     }
 }
 
