@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # check-core-boundary.sh: fails when the synchronous core imports the async shell or global state.
-# The core is the gateway's routing (gateway/src/routing/), the agent's block manager and its engine
-# (every file of node-agent/src/engine/ but thread.rs and publisher.rs, which run it). It may not name
-# tokio, tonic, hyper, axum or the metrics crate, the agent's Prometheus recorder (crate::metrics), or
-# read the clock (Instant::now / SystemTime::now) anywhere but the one real clock, engine/clock.rs.
+# The core is the gateway's routing (gateway/src/routing/) and prefix-cache doctor (gateway/src/doctor/), the
+# agent's block manager and its engine (every file of node-agent/src/engine/ but thread.rs and publisher.rs,
+# which run it). It may not name tokio, tonic, hyper, axum or the metrics crate, the agent's Prometheus
+# recorder (crate::metrics), or read the clock (Instant::now / SystemTime::now) anywhere but the one real
+# clock, engine/clock.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-core=(gateway/src/routing/*.rs node-agent/src/block_manager.rs)
+core=(gateway/src/routing/*.rs gateway/src/doctor/*.rs node-agent/src/block_manager.rs)
 for file in node-agent/src/engine/*.rs; do
   case "$file" in */thread.rs | */publisher.rs) continue ;; esac
   core+=("$file")

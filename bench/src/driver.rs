@@ -1,7 +1,8 @@
 //! Sends a workload to a gateway over HTTP (OpenAI API, streaming) and records every request's
 //! [`Outcome`]. Sessions run their turns in order and resend the history with the replies they received;
 //! arrivals are open-loop (each session or trace request starts at its own time) unless a concurrency bound
-//! makes the run closed-loop. A run stops starting requests at its duration or request budget.
+//! makes the run closed-loop (sessions then start in their order, each as soon as a slot is free; with one
+//! slot the requests arrive in a fixed order). A run stops starting requests at its duration or request budget.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -72,13 +73,13 @@ struct Run {
     begun: Instant,
     progress: Arc<Progress>,
     outcomes: Mutex<Vec<Outcome>>,
-    gate: Option<Semaphore>,
+    gate: Option<Arc<Semaphore>>,
 }
 
 impl Run {
     fn new(targets: Vec<Target>, limits: Limits, progress: Arc<Progress>) -> Arc<Run> {
         assert!(!targets.is_empty(), "a run needs a target");
-        let gate = limits.concurrency.map(|n| Semaphore::new(n.max(1)));
+        let gate = limits.concurrency.map(|n| Arc::new(Semaphore::new(n.max(1))));
         Arc::new(Run {
             targets,
             next_target: AtomicUsize::new(0),
@@ -130,7 +131,18 @@ pub async fn run_sessions(
     progress: Arc<Progress>,
 ) -> (Vec<Outcome>, f64) {
     let run = Run::new(targets, limits, progress);
-    let tasks: Vec<_> = sessions.into_iter().map(|session| tokio::spawn(session_task(run.clone(), session))).collect();
+    let mut tasks = Vec::with_capacity(sessions.len());
+    for session in sessions {
+        // Closed loop: each session takes its slot before the next one is started, so they start in order.
+        let slot = match &run.gate {
+            Some(gate) => match gate.clone().acquire_owned().await {
+                Ok(slot) => Some(slot),
+                Err(_) => break,
+            },
+            None => None,
+        };
+        tasks.push(tokio::spawn(session_task(run.clone(), session, slot)));
+    }
     for task in tasks {
         let _ = task.await;
     }
@@ -138,8 +150,11 @@ pub async fn run_sessions(
     (std::mem::take(&mut *run.outcomes.lock().await), seconds)
 }
 
-async fn session_task(run: Arc<Run>, session: Session) {
-    let _slot = run.wait_turn(session.start_ms).await;
+/// One session's turns; `slot` (closed loop) is held until they are done, else it starts at its time.
+async fn session_task(run: Arc<Run>, session: Session, slot: Option<tokio::sync::OwnedSemaphorePermit>) {
+    if slot.is_none() {
+        run.wait_turn(session.start_ms).await;
+    }
     let mut history: Vec<Value> = Vec::new();
     for turn in &session.turns {
         tokio::time::sleep(Duration::from_millis(turn.think_ms)).await;
@@ -156,8 +171,12 @@ async fn session_task(run: Arc<Run>, session: Session) {
             "stream": true,
             "stream_options": {"include_usage": true},
         });
-        if !session.tools.is_empty() {
-            body["tools"] = Value::Array(session.tools.clone());
+        let tools = turn.tools.as_ref().unwrap_or(&session.tools);
+        if !tools.is_empty() {
+            body["tools"] = Value::Array(tools.clone());
+        }
+        if let Some(user) = &session.user {
+            body["user"] = Value::String(user.clone());
         }
         let (outcome, reply) = stream_request(run.target(), "/v1/chat/completions", body).await;
         let failed = outcome.error.is_some();

@@ -10,6 +10,17 @@
 //! - `fewshot`: a large fixed block of examples and a short query.
 //! - `timestamp-top`: `chat` with the current time at the top of the system prompt, the mistake that makes
 //!   every prompt differ from its first block.
+//!
+//! Four more reproduce what else keeps a prefix cache cold, each a case the gateway's prefix-cache doctor
+//! (`/debug/prefix-report`) diagnoses:
+//! - `shuffled-tools`: `agent` with its tools listed in a new order every turn (a serializer iterating a hash
+//!   map); the gateway sorts tools unless it runs with `--tool-order as-sent`, which lets the order through.
+//! - `prompt-change`: `chat` whose system prompt has one word changed for the second half of the sessions (a
+//!   deploy that touched the prompt).
+//! - `ab-split`: `chat` with two system prompts (one has an extra sentence near the top), each session on
+//!   one of them at random (an A/B test).
+//! - `personalised`: `chat` whose system prompt names the user (profile after the first sentence), with
+//!   OpenAI's `user` field set; every user has two sessions.
 
 use std::fmt;
 use std::str::FromStr;
@@ -23,11 +34,24 @@ pub enum WorkloadKind {
     Rag,
     Fewshot,
     TimestampTop,
+    ShuffledTools,
+    PromptChange,
+    AbSplit,
+    Personalised,
 }
 
 impl WorkloadKind {
-    pub const ALL: [WorkloadKind; 5] =
-        [WorkloadKind::Chat, WorkloadKind::Agent, WorkloadKind::Rag, WorkloadKind::Fewshot, WorkloadKind::TimestampTop];
+    pub const ALL: [WorkloadKind; 9] = [
+        WorkloadKind::Chat,
+        WorkloadKind::Agent,
+        WorkloadKind::Rag,
+        WorkloadKind::Fewshot,
+        WorkloadKind::TimestampTop,
+        WorkloadKind::ShuffledTools,
+        WorkloadKind::PromptChange,
+        WorkloadKind::AbSplit,
+        WorkloadKind::Personalised,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -36,6 +60,10 @@ impl WorkloadKind {
             WorkloadKind::Rag => "rag",
             WorkloadKind::Fewshot => "fewshot",
             WorkloadKind::TimestampTop => "timestamp-top",
+            WorkloadKind::ShuffledTools => "shuffled-tools",
+            WorkloadKind::PromptChange => "prompt-change",
+            WorkloadKind::AbSplit => "ab-split",
+            WorkloadKind::Personalised => "personalised",
         }
     }
 }
@@ -86,6 +114,8 @@ pub struct Session {
     pub system: String,
     /// Tool definitions sent with every turn (OpenAI `tools`), empty for most workloads.
     pub tools: Vec<Value>,
+    /// OpenAI's `user` field, sent with every turn (`personalised`).
+    pub user: Option<String>,
     pub turns: Vec<Turn>,
 }
 
@@ -95,6 +125,8 @@ pub struct Turn {
     pub user: String,
     /// Replaces the session's system prompt for this turn (`timestamp-top`).
     pub system: Option<String>,
+    /// Replaces the session's tools for this turn (`shuffled-tools`: the same tools in another order).
+    pub tools: Option<Vec<Value>>,
     pub max_tokens: u32,
     /// Pause after the previous reply (0 for the first turn).
     pub think_ms: u64,
@@ -103,13 +135,19 @@ pub struct Turn {
 /// The sessions of a workload, ordered by start time.
 pub fn generate(kind: WorkloadKind, config: &WorkloadConfig) -> Vec<Session> {
     let mut rng = Rng(config.seed ^ 0x6B76_726F_7574_6521);
-    let system = format!("You are the assistant of Harbourline, a shipping company. {}", rng.prose(300));
-    let tools = if kind == WorkloadKind::Agent { agent_tools(&mut rng) } else { Vec::new() };
+    let prose = rng.prose(300);
+    let system = format!("{SYSTEM_OPENING} {prose}");
+    let tools = if matches!(kind, WorkloadKind::Agent | WorkloadKind::ShuffledTools) {
+        agent_tools(&mut rng)
+    } else {
+        Vec::new()
+    };
     let examples = (0..24)
         .map(|i| format!("Example {i}. Question: {} Answer: {}", rng.prose(30), rng.prose(25)))
         .collect::<Vec<_>>()
         .join("\n");
     let passages: Vec<String> = (0..200).map(|i| format!("[passage {i}] {}", rng.prose(110))).collect();
+    let users = config.sessions.div_ceil(2).max(1);
     let mut start_ms = 0.0;
     let mut sessions = Vec::with_capacity(config.sessions);
     for id in 0..config.sessions as u64 {
@@ -122,28 +160,86 @@ pub fn generate(kind: WorkloadKind, config: &WorkloadConfig) -> Vec<Session> {
         for turn in 0..turns {
             let think_ms = if turn == 0 { 0 } else { rng.exponential(config.think_ms as f64) as u64 };
             let (user, system_override) = match kind {
-                WorkloadKind::Chat => (rng.question(), None),
+                WorkloadKind::Chat
+                | WorkloadKind::PromptChange
+                | WorkloadKind::AbSplit
+                | WorkloadKind::Personalised => (rng.question(), None),
                 WorkloadKind::TimestampTop => {
                     let now = start_ms as u64 + turn as u64 * config.think_ms;
                     (rng.question(), Some(format!("Current time: {}. {system}", clock(now))))
                 }
-                WorkloadKind::Agent if turn == 0 => (format!("Task: {}", rng.prose(40)), None),
-                WorkloadKind::Agent => (format!("Observation from the last tool call: {}", rng.prose(150)), None),
+                WorkloadKind::Agent | WorkloadKind::ShuffledTools if turn == 0 => {
+                    (format!("Task: {}", rng.prose(40)), None)
+                }
+                WorkloadKind::Agent | WorkloadKind::ShuffledTools => {
+                    (format!("Observation from the last tool call: {}", rng.prose(150)), None)
+                }
                 WorkloadKind::Rag => {
                     let chosen: Vec<&str> = (0..3).map(|_| passages[rng.below(passages.len())].as_str()).collect();
                     (format!("Context:\n{}\n\nQuestion: {}", chosen.join("\n"), rng.question()), None)
                 }
                 WorkloadKind::Fewshot => (format!("{examples}\n\nQuestion: {}", rng.question()), None),
             };
-            session_turns.push(Turn { user, system: system_override, max_tokens: config.max_tokens, think_ms });
+            let turn_tools = (kind == WorkloadKind::ShuffledTools).then(|| rng.shuffled(&tools));
+            session_turns.push(Turn {
+                user,
+                system: system_override,
+                tools: turn_tools,
+                max_tokens: config.max_tokens,
+                think_ms,
+            });
         }
+        let user = (kind == WorkloadKind::Personalised).then(|| id as usize % users);
         let system = match kind {
             WorkloadKind::Fewshot => "Answer in the style of the examples.".to_string(),
+            WorkloadKind::PromptChange if id as usize >= config.sessions / 2 => one_word_changed(&system),
+            WorkloadKind::AbSplit if rng.below(2) == 1 => format!("{SYSTEM_OPENING} {VARIANT_B_SENTENCE} {prose}"),
+            WorkloadKind::Personalised => {
+                format!("{SYSTEM_OPENING} You are helping {}. {prose}", profile(user.unwrap_or(0)))
+            }
             _ => system.clone(),
         };
-        sessions.push(Session { id, start_ms: start_ms as u64, system, tools: tools.clone(), turns: session_turns });
+        sessions.push(Session {
+            id,
+            start_ms: start_ms as u64,
+            system,
+            tools: tools.clone(),
+            user: user.map(|user| format!("user-{user:04}")),
+            turns: session_turns,
+        });
     }
     sessions
+}
+
+/// The first sentence of every workload's system prompt (`fewshot`'s aside).
+const SYSTEM_OPENING: &str = "You are the assistant of Harbourline, a shipping company.";
+
+/// The sentence `ab-split`'s second variant adds after the first one.
+const VARIANT_B_SENTENCE: &str = "Keep every answer under three sentences and never guess a date.";
+
+/// The system prompt with its word a third of the way in replaced (`prompt-change`'s new prompt).
+fn one_word_changed(system: &str) -> String {
+    let mut words: Vec<&str> = system.split(' ').collect();
+    let at = words.len() / 3;
+    let replacement = if words[at].ends_with('.') { "revised." } else { "revised" };
+    words[at] = replacement;
+    words.join(" ")
+}
+
+/// A user's profile as `personalised` writes it into the system prompt.
+fn profile(user: usize) -> String {
+    const NAMES: [&str; 8] = [
+        "Ada Moreau",
+        "Bjorn Castell",
+        "Chidi Okafor",
+        "Dana Whitlock",
+        "Emeka Stone",
+        "Farah Quist",
+        "Goran Vale",
+        "Hana Ito",
+    ];
+    const PLANS: [&str; 3] = ["freight", "priority", "standard"];
+    format!("{} (customer {:05}, {} plan)", NAMES[user % NAMES.len()], 10_000 + user * 37, PLANS[user % PLANS.len()])
 }
 
 fn agent_tools(rng: &mut Rng) -> Vec<Value> {
@@ -274,6 +370,15 @@ impl Rng {
         text
     }
 
+    /// The items in a random order (Fisher-Yates).
+    fn shuffled<T: Clone>(&mut self, items: &[T]) -> Vec<T> {
+        let mut items = items.to_vec();
+        for i in (1..items.len()).rev() {
+            items.swap(i, self.below(i + 1));
+        }
+        items
+    }
+
     fn question(&mut self) -> String {
         let words = 8 + self.below(16);
         let mut question = self.prose(words);
@@ -307,13 +412,19 @@ mod tests {
         assert_ne!(generate(WorkloadKind::Agent, &config), generate(WorkloadKind::Agent, &other));
     }
 
+    /// The workloads whose sessions do not all share one system prompt.
+    const OWN_SYSTEM_PROMPTS: [WorkloadKind; 3] =
+        [WorkloadKind::PromptChange, WorkloadKind::AbSplit, WorkloadKind::Personalised];
+
     #[test]
     fn each_workload_shares_what_its_application_shares() {
         for kind in WorkloadKind::ALL {
             let all = sessions(kind);
             assert_eq!(all.len(), 6);
             assert!(all.windows(2).all(|w| w[0].start_ms <= w[1].start_ms), "{kind}: ordered arrivals");
-            assert!(all.iter().all(|s| s.system == all[0].system), "{kind}: one system prompt");
+            let one_system = all.iter().all(|s| s.system == all[0].system);
+            assert_eq!(one_system, !OWN_SYSTEM_PROMPTS.contains(&kind), "{kind}: one system prompt");
+            assert_eq!(all.iter().all(|s| s.user.is_some()), kind == WorkloadKind::Personalised, "{kind}: users");
             let turns = if matches!(kind, WorkloadKind::Rag | WorkloadKind::Fewshot) { 1 } else { 3 };
             assert!(all.iter().all(|s| s.turns.len() == turns), "{kind}");
         }
@@ -338,5 +449,65 @@ mod tests {
         distinct.sort_unstable();
         distinct.dedup();
         assert_eq!(distinct.len(), systems.len(), "no two prompts share their first characters' time");
+    }
+
+    #[test]
+    fn shuffled_tools_lists_the_agent_tools_in_a_new_order_each_turn() {
+        let all = sessions(WorkloadKind::ShuffledTools);
+        let names = |tools: &[Value]| -> Vec<String> {
+            tools.iter().map(|tool| tool["function"]["name"].as_str().unwrap().to_string()).collect()
+        };
+        let mut sorted_session = names(&all[0].tools);
+        sorted_session.sort();
+        let orders: Vec<Vec<String>> =
+            all.iter().flat_map(|s| &s.turns).map(|turn| names(turn.tools.as_deref().unwrap())).collect();
+        assert_eq!(orders.len(), 18);
+        for order in &orders {
+            let mut sorted = order.clone();
+            sorted.sort();
+            assert_eq!(sorted, sorted_session, "the same tools");
+        }
+        let mut distinct = orders.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert!(distinct.len() >= 12, "in varying orders: {} distinct of 18", distinct.len());
+        assert_eq!(all[0].tools, sessions(WorkloadKind::Agent)[0].tools, "the agent's tools");
+    }
+
+    #[test]
+    fn prompt_change_changes_one_word_for_the_second_half() {
+        let all = generate(WorkloadKind::PromptChange, &WorkloadConfig { sessions: 8, ..WorkloadConfig::default() });
+        let (old, new) = (&all[0].system, &all[7].system);
+        assert!(all[..4].iter().all(|s| &s.system == old) && all[4..].iter().all(|s| &s.system == new));
+        let differing: Vec<(&str, &str)> = old.split(' ').zip(new.split(' ')).filter(|(a, b)| a != b).collect();
+        assert_eq!(differing.len(), 1, "{differing:?}");
+        assert!(differing[0].1.starts_with("revised"));
+        assert_eq!(old.split(' ').count(), new.split(' ').count());
+    }
+
+    #[test]
+    fn ab_split_serves_two_system_prompts_that_differ_near_the_top() {
+        let all = generate(WorkloadKind::AbSplit, &WorkloadConfig { sessions: 16, ..WorkloadConfig::default() });
+        let b = all.iter().filter(|s| s.system.contains(VARIANT_B_SENTENCE)).count();
+        assert!((4..=12).contains(&b), "{b} of 16 sessions on B");
+        let a = all.iter().find(|s| !s.system.contains(VARIANT_B_SENTENCE)).unwrap();
+        assert_eq!(a.system, sessions(WorkloadKind::Chat)[0].system, "A is chat's");
+        let b = all.iter().find(|s| s.system.contains(VARIANT_B_SENTENCE)).unwrap();
+        assert_eq!(b.system.replace(&format!(" {VARIANT_B_SENTENCE}"), ""), a.system);
+    }
+
+    #[test]
+    fn personalised_names_each_user_early_and_every_user_comes_twice() {
+        let all = generate(WorkloadKind::Personalised, &WorkloadConfig { sessions: 8, ..WorkloadConfig::default() });
+        for session in &all {
+            let twin = all.iter().filter(|other| other.user == session.user).collect::<Vec<_>>();
+            assert_eq!(twin.len(), 2, "{:?}", session.user);
+            assert!(twin.iter().all(|other| other.system == session.system), "one user, one system prompt");
+            assert!(session.system.starts_with(&format!("{SYSTEM_OPENING} You are helping ")));
+        }
+        let mut systems: Vec<&str> = all.iter().map(|s| s.system.as_str()).collect();
+        systems.sort_unstable();
+        systems.dedup();
+        assert_eq!(systems.len(), 4, "four users, four system prompts");
     }
 }

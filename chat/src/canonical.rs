@@ -73,6 +73,37 @@ fn tool_name(tool: &Value) -> &str {
         .unwrap_or_default()
 }
 
+/// The order a renderer puts a request's tools in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ToolOrder {
+    /// Sorted by function name (ties by canonical JSON): the order a client lists them in cannot change the
+    /// prompt's tokens, so prefixes stay cacheable.
+    #[default]
+    Canonical,
+    /// As the request lists them (keys still sorted). Only for reproducing what an unstable order does to
+    /// prefix caching.
+    AsSent,
+}
+
+impl ToolOrder {
+    /// `canonical` or `as-sent`.
+    pub fn from_name(name: &str) -> Option<ToolOrder> {
+        match name {
+            "canonical" => Some(ToolOrder::Canonical),
+            "as-sent" => Some(ToolOrder::AsSent),
+            _ => None,
+        }
+    }
+
+    /// The tools in this order, every object's keys sorted.
+    pub(crate) fn apply(self, tools: &[Value]) -> Vec<Value> {
+        match self {
+            ToolOrder::Canonical => canonical_tools(tools),
+            ToolOrder::AsSent => tools.iter().map(canonical_value).collect(),
+        }
+    }
+}
+
 /// The tools in canonical order and key order.
 pub(crate) fn canonical_tools(tools: &[Value]) -> Vec<Value> {
     let mut keyed: Vec<(String, String, Value)> = tools
@@ -94,5 +125,20 @@ mod tests {
     fn canonical_json_sorts_keys() {
         let value = serde_json::json!({"b": [1, {"d": null, "c": "x"}], "a": true});
         assert_eq!(canonical_json(&value), r#"{"a":true,"b":[1,{"c":"x","d":null}]}"#);
+    }
+
+    #[test]
+    fn tools_keep_their_order_only_when_asked() {
+        let tools = vec![
+            serde_json::json!({"type": "function", "function": {"name": "quote", "parameters": {"b": 1, "a": 2}}}),
+            serde_json::json!({"type": "function", "function": {"name": "book"}}),
+        ];
+        let names =
+            |tools: Vec<Value>| -> Vec<String> { tools.iter().map(|tool| tool_name(tool).to_string()).collect() };
+        assert_eq!(names(ToolOrder::Canonical.apply(&tools)), ["book", "quote"]);
+        assert_eq!(names(ToolOrder::AsSent.apply(&tools)), ["quote", "book"]);
+        assert_eq!(canonical_json(&ToolOrder::AsSent.apply(&tools)[0]), canonical_json(&tools[0]));
+        assert_eq!(ToolOrder::from_name("as-sent"), Some(ToolOrder::AsSent));
+        assert_eq!(ToolOrder::from_name("sorted"), None);
     }
 }

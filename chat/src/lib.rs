@@ -9,7 +9,8 @@
 //! # Canonical form
 //! The same request always renders to the same tokens:
 //! - tools are sorted by function name (ties by their canonical JSON), so the
-//!   order a client lists them in does not matter;
+//!   order a client lists them in does not matter (unless the renderer is told
+//!   to keep their order, [`ToolOrder::AsSent`]);
 //! - every JSON object in tools and tool-call arguments has its keys sorted;
 //!   ChatML writes them without insignificant whitespace;
 //! - tool-call arguments given as a JSON string are parsed first, so
@@ -43,6 +44,7 @@ mod strftime;
 mod template;
 pub mod token_cache;
 
+pub use canonical::ToolOrder;
 pub use message::{ChatMessage, ToolCall};
 pub use renderer::{ChatRenderer, ReplyLookup};
 pub use token_cache::{LruTokenCache, TokenRunCache};

@@ -8,7 +8,7 @@ use minijinja::{Environment, Value as JinjaValue};
 use serde_json::Value;
 
 use crate::ChatError;
-use crate::canonical::canonical_tools;
+use crate::canonical::ToolOrder;
 use crate::chatml::render_chatml;
 use crate::message::{ChatMessage, message_value};
 use crate::template::{TEMPLATE_NAME, compile, render_error};
@@ -26,6 +26,7 @@ pub struct ChatRenderer {
     bos_token: String,
     eos_token: String,
     cache: Option<Arc<dyn TokenRunCache>>,
+    tool_order: ToolOrder,
 }
 
 impl std::fmt::Debug for ChatRenderer {
@@ -64,7 +65,20 @@ impl ChatRenderer {
         let eos_token = token_text(tokenizer.eos_token_ids().first().copied());
         let template = template.map(compile).transpose()?;
         let cache: Arc<dyn TokenRunCache> = Arc::new(LruTokenCache::new(DEFAULT_CACHE_TOKENS));
-        Ok(ChatRenderer { template, tokenizer, bos_token, eos_token, cache: Some(cache) })
+        Ok(ChatRenderer {
+            template,
+            tokenizer,
+            bos_token,
+            eos_token,
+            cache: Some(cache),
+            tool_order: ToolOrder::default(),
+        })
+    }
+
+    /// Renders tools in `order` (canonical by default).
+    pub fn with_tool_order(mut self, order: ToolOrder) -> ChatRenderer {
+        self.tool_order = order;
+        self
     }
 
     /// Uses `cache` for tokenized pieces (`None`: no caching).
@@ -89,7 +103,7 @@ impl ChatRenderer {
         tools: &[Value],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
-        let tools = canonical_tools(tools);
+        let tools = self.tool_order.apply(tools);
         self.render_canonical(messages, &tools, add_generation_prompt)
     }
 
@@ -115,7 +129,7 @@ impl ChatRenderer {
         add_generation_prompt: bool,
         replies: ReplyLookup<'_>,
     ) -> Result<Vec<u32>, ChatError> {
-        let tools = canonical_tools(tools);
+        let tools = self.tool_order.apply(tools);
         Ok(match self.pieces(messages, &tools, add_generation_prompt)? {
             Rendering::Pieces(pieces) => {
                 let mut out = Vec::new();

@@ -187,6 +187,8 @@ Try:
 Send it twice and watch usage.prompt_tokens_details.cached_tokens rise.
 Explain a routing decision (an operator tool: it needs the admin key, kept in .run/admin-api-key):
   curl -s http://127.0.0.1:$http_port/debug/route -H "Authorization: Bearer \$(cat .run/admin-api-key)" -d '{"prompt":"Hello"}'
+Why the hit ratio is what it is (the prefix-cache doctor; same key):
+  curl -s "http://127.0.0.1:$http_port/debug/prefix-report?format=text" -H "Authorization: Bearer \$(cat .run/admin-api-key)"
 Ctrl-C stops everything.
 EOT
 wait -n "${pids[@]}" || true

@@ -1,7 +1,7 @@
 //! The routing core at fleet scale: prefix-index lookup of a 2,000-token prompt
 //! with 64 replicas and 1,000,000 indexed blocks, the whole routing decision
-//! from token ids and from text (2,000 and 8,000 tokens), event ingestion into a full index, and memory per
-//! entry.
+//! from token ids (without and with the prefix-cache doctor's bookkeeping) and from text (2,000 and 8,000
+//! tokens), event ingestion into a full index, and memory per entry.
 //! Criterion reports means; p50/p99 come from a loop of single timed calls.
 //! "Hot" repeats one prompt (its entries stay in cache, like a popular system
 //! prompt); "cold" walks a different fully indexed chain each time.
@@ -14,6 +14,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use kvroute_gateway::doctor::{Doctor, DoctorConfig, Observation};
+use kvroute_gateway::doctor_thread::{DoctorThread, Traffic};
 use kvroute_gateway::routing::cache_aware::cache_aware;
 use kvroute_gateway::routing::{
     IndexConfig, PrefixIndex, RandomSource, ReplicaId, ReplicaView, RouteRequest, ScoringConfig, SplitMix64,
@@ -94,7 +96,7 @@ fn views() -> Vec<ReplicaView> {
             },
             block_size: 16,
             bytes_per_block: 2 << 20,
-                        tracked: Default::default(),
+            tracked: Default::default(),
         })
         .collect()
 }
@@ -193,6 +195,9 @@ fn routing(c: &mut Criterion) {
     percentiles("routing decision from 2,000 token ids (hash + lookup + cache_aware, 64 replicas)", 50_000, || {
         decide(&mut rng);
     });
+    doctor_cost(c, &tokens, &mut || {
+        decide(&mut rng);
+    });
 
     // The whole decision from text: tokenize (built-in BPE, nothing cached), hash, look up, score.
     let tokenizer = kvroute_gateway::tokenizer::Tokenizer::builtin();
@@ -261,6 +266,70 @@ fn routing(c: &mut Criterion) {
         seconds,
         events as f64 / seconds / 1e6,
         index.stats().evictions,
+    );
+}
+
+/// The prefix-cache doctor's cost. On the request path the router hands the prompt (moved, not copied) to the
+/// doctor's queue: the decision with and without that, timed alternately so that a busy machine weighs on
+/// both alike. Off the request path, the doctor's own work per prompt, on its thread.
+fn doctor_cost(c: &mut Criterion, tokens: &[u32], decide: &mut dyn FnMut()) {
+    const RUNS: usize = 50_000;
+    let doctor = DoctorThread::start(DoctorConfig::default(), Vec::new()).unwrap();
+    let traffic = || Traffic { tenant: "bench".into(), user: None, scope: Some(Vec::new()), tokens: tokens.to_vec() };
+    c.bench_function("decision_from_2000_token_ids_64_replicas_with_doctor", |b| {
+        b.iter_batched(
+            traffic,
+            |traffic| {
+                decide();
+                black_box(doctor.observe(0, traffic, [0; 3]))
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    let (mut alone, mut with) = (Vec::with_capacity(RUNS), Vec::with_capacity(RUNS));
+    for _ in 0..RUNS {
+        let prompt = traffic();
+        let started = Instant::now();
+        decide();
+        alone.push(started.elapsed());
+        let started = Instant::now();
+        decide();
+        black_box(doctor.observe(0, prompt, [0; 3]));
+        with.push(started.elapsed());
+    }
+    let summary = |samples: &mut Vec<Duration>| {
+        samples.sort_unstable();
+        let mean = samples.iter().sum::<Duration>().as_secs_f64() / samples.len() as f64;
+        (mean * 1e6, samples[samples.len() / 2].as_secs_f64() * 1e6)
+    };
+    let ((mean_alone, p50_alone), (mean_with, p50_with)) = (summary(&mut alone), summary(&mut with));
+    println!(
+        "routing decision from 2,000 token ids, alternately without and with the prefix-cache doctor's bookkeeping \
+         ({RUNS} each): mean {mean_alone:.2} / {mean_with:.2} us ({:+.1}%), p50 {p50_alone:.2} / {p50_with:.2} us \
+         ({:+.1}%)",
+        (mean_with / mean_alone - 1.0) * 100.0,
+        (p50_with / p50_alone - 1.0) * 100.0,
+    );
+
+    // The doctor's own work: 2,000-token chat prompts (a 1,900-token system prompt, then a question).
+    let mut core = Doctor::new(DoctorConfig::default());
+    let prompts: Vec<Vec<u32>> =
+        (0..1_000u32).map(|i| [&tokens[..1_900], &prompt_tokens(i + 1)[..100]].concat()).collect();
+    let started = Instant::now();
+    for (id, prompt) in prompts.iter().enumerate() {
+        let observation = Observation {
+            tenant: "bench",
+            user: None,
+            scope: 0,
+            tokens: prompt,
+            prompt_len: prompt.len(),
+            matched: [0; 3],
+        };
+        black_box(core.observe(id as u64, id as u64, &observation));
+    }
+    println!(
+        "prefix-cache doctor, its own work per 2,000-token chat prompt (on its thread, off the request path): {:.1} us",
+        started.elapsed().as_secs_f64() * 1e6 / prompts.len() as f64
     );
 }
 

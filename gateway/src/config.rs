@@ -8,6 +8,8 @@ use clap::Args;
 use kvroute_proto::DEFAULT_BLOCK_SIZE;
 use kvroute_proto::block_hash::MAX_BLOCK_SIZE;
 
+use crate::chat::ToolOrder;
+use crate::doctor::{DEFAULT_MAX_TENANTS, DEFAULT_WINDOW_MS, DoctorConfig};
 use crate::request_checks::{DEFAULT_MAX_MESSAGES, Limits};
 use crate::routing::index::MAX_REPLICAS;
 use crate::routing::{DEFAULT_PENDING_TTL_MS, IndexConfig, PolicyKind};
@@ -135,6 +137,26 @@ pub struct ServeArgs {
     /// Name the agents' certificates are checked against (default: the host of each agent address).
     #[arg(long, requires = "agent_tls_ca")]
     pub agent_tls_domain: Option<String>,
+    /// Tenants the prefix-cache doctor tracks at once (the least recently seen one makes room); each takes at
+    /// most about 0.6 MB (docs/operations.md).
+    #[arg(long, default_value_t = DEFAULT_MAX_TENANTS)]
+    pub doctor_max_tenants: usize,
+    /// The prefix-cache doctor's sliding window, in seconds: its counts, the prompts it compares, and how
+    /// long a prompt change stays reported.
+    #[arg(long, default_value_t = DEFAULT_WINDOW_MS / 1000)]
+    pub doctor_window_secs: u64,
+    /// Tenants whose prefix-cache figures get metrics of their own (a `tenant` label), comma-separated;
+    /// the others count only in the fleet's.
+    #[arg(long, value_delimiter = ',')]
+    pub doctor_tenant_metrics: Vec<String>,
+    /// `/debug/prefix-report` never shows token text, only its length and a digest (as with `?redact=true`).
+    #[arg(long)]
+    pub doctor_redact: bool,
+    /// The order chat requests' tools are rendered in: `canonical` (sorted by name, so that the order a
+    /// client lists them in cannot change the prompt's tokens) or `as-sent` (the request's order: only to
+    /// reproduce what unstable ordering does to the prefix cache).
+    #[arg(long, default_value = "canonical", value_parser = parse_tool_order)]
+    pub tool_order: ToolOrder,
     /// Parse and check the configuration, then exit.
     #[arg(long)]
     pub check_config: bool,
@@ -145,6 +167,10 @@ fn parse_max_replicas(text: &str) -> Result<usize, String> {
         Ok(count) if (1..=MAX_REPLICAS).contains(&count) => Ok(count),
         _ => Err(format!("must be a whole number from 1 to {MAX_REPLICAS}")),
     }
+}
+
+fn parse_tool_order(name: &str) -> Result<ToolOrder, String> {
+    ToolOrder::from_name(name).ok_or_else(|| format!("unknown tool order {name:?}; one of canonical, as-sent"))
 }
 
 fn parse_policy(name: &str) -> Result<PolicyKind, String> {
@@ -165,10 +191,12 @@ impl ServeArgs {
             || self.body_read_timeout_ms == 0
             || self.max_messages == 0
             || self.max_body_bytes == 0
+            || self.doctor_max_tenants == 0
+            || self.doctor_window_secs == 0
         {
             return Err("--max-attempts, --first-token-timeout-ms, --heartbeat-timeout-ms, --index-max-entries, \
-                        --header-read-timeout-ms, --body-read-timeout-ms, --max-messages and --max-body-bytes must be \
-                        positive"
+                        --header-read-timeout-ms, --body-read-timeout-ms, --max-messages, --max-body-bytes, \
+                        --doctor-max-tenants and --doctor-window-secs must be positive"
                 .into());
         }
         if !(self.dns_interval_secs.is_finite() && self.dns_interval_secs >= 0.01) {
@@ -193,6 +221,18 @@ impl ServeArgs {
             default_max_tokens: self.default_max_tokens,
             first_token_timeout: Duration::from_millis(self.first_token_timeout_ms),
             ..ServiceConfig::default()
+        }
+    }
+
+    /// The prefix-cache doctor's configuration.
+    pub fn doctor(&self) -> DoctorConfig {
+        let window_ms = self.doctor_window_secs.saturating_mul(1000);
+        DoctorConfig {
+            block_size: self.block_size as usize,
+            max_tenants: self.doctor_max_tenants,
+            window_ms,
+            change_hold_ms: window_ms,
+            ..DoctorConfig::default()
         }
     }
 

@@ -56,6 +56,7 @@ pub fn params(request: &pb::GenerateRequest) -> Params {
         stop: request.stop.clone(),
         n: None,
         cache_salt: request.tenant.as_ref().map(|tenant| tenant.cache_salt.clone()),
+        user: None,
     }
 }
 

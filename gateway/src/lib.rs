@@ -5,6 +5,8 @@
 //! - [`chat`]: the `kvroute-chat` crate (deterministic chat rendering with the model's template), re-exported.
 //! - [`routing`]: the synchronous routing core: prefix index, scoring policies, traffic sketches.
 //! - [`router`]: glue between the async shell and the routing core.
+//! - [`doctor`]: the prefix-cache doctor's synchronous core (why the hit ratio is what it is);
+//!   [`doctor_thread`] runs it off the request path.
 //! - [`upstream`]: the replicas: clients, event subscriptions, health, discovery.
 //! - [`service`]: the request path shared by HTTP and gRPC: route, call, retry, stream text.
 //! - [`http`], [`grpc`]: the ingress; [`request_checks`]: the checks and limits both apply;
@@ -19,6 +21,8 @@ pub mod body_deadline;
 pub mod cli;
 pub mod config;
 pub mod cpu_pool;
+pub mod doctor;
+pub mod doctor_thread;
 pub mod grpc;
 pub mod http;
 pub mod metrics;

@@ -1,6 +1,7 @@
 //! Every metric the gateway exports, declared in one place with typed record
-//! functions. Labels are bounded: route, status class, reason, and the replica
-//! endpoint (one per agent); never prompt text, keys or tenant names.
+//! functions. Labels are bounded: route, status class, reason, tier, diagnosis kind,
+//! and the replica endpoint (one per agent); never prompt text or keys, and tenant
+//! names only for the tenants the operator lists (`--doctor-tenant-metrics`).
 //!
 //! Per-replica gauges are not kept in the recorder: [`render`] writes them at each scrape from the replicas
 //! known then, so the series of a removed replica disappear with it.
@@ -9,7 +10,9 @@ use std::time::Duration;
 
 use kvroute_proto::domain::LoadStats;
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::doctor::{Counters, Kind, TIERS};
 
 pub const REQUESTS: &str = "kvroute_gateway_requests_total";
 pub const TTFT: &str = "kvroute_gateway_ttft_seconds";
@@ -38,11 +41,24 @@ pub const RETRIES: &str = "kvroute_gateway_retries_total";
 pub const REJECTIONS: &str = "kvroute_gateway_rejections_total";
 pub const REPEATED_PREFIX_RATIO: &str = "kvroute_gateway_repeated_prefix_ratio";
 pub const PREFIX_CHURN: &str = "kvroute_gateway_prefix_churn_total";
+pub const PREFIX_DIAGNOSES: &str = "kvroute_gateway_prefix_diagnoses_total";
+pub const PREFIX_DIAGNOSES_ACTIVE: &str = "kvroute_gateway_prefix_diagnoses_active";
+pub const PREFIX_CEILING: &str = "kvroute_gateway_prefix_ceiling_ratio";
+pub const PREFIX_HIT: &str = "kvroute_gateway_prefix_hit_ratio";
+pub const PREFIX_DIVERGENCE: &str = "kvroute_gateway_prefix_divergence_block";
+pub const PREFIX_DOCTOR_DROPPED: &str = "kvroute_gateway_prefix_doctor_dropped_total";
+pub const TENANT_PREFIX_DIAGNOSES_ACTIVE: &str = "kvroute_gateway_tenant_prefix_diagnoses_active";
+pub const TENANT_PREFIX_CEILING: &str = "kvroute_gateway_tenant_prefix_ceiling_ratio";
+pub const TENANT_PREFIX_HIT: &str = "kvroute_gateway_tenant_prefix_hit_ratio";
+
+/// Upper bounds of the divergence-block histogram's buckets: block 0, 1, 2-3, 4-7, ... as the report's.
+const DIVERGENCE_BUCKETS: [f64; 8] = [0.0, 1.0, 3.0, 7.0, 15.0, 31.0, 63.0, 127.0];
 
 /// Installs the recorder; the handle renders `/metrics`.
 pub fn install() -> anyhow::Result<PrometheusHandle> {
     let handle = PrometheusBuilder::new()
         .set_buckets(&[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0])?
+        .set_buckets_for_metric(Matcher::Full(PREFIX_DIVERGENCE.to_string()), &DIVERGENCE_BUCKETS)?
         .install_recorder()?;
     describe();
     Ok(handle)
@@ -74,7 +90,29 @@ fn describe() {
     describe_counter!(RETRIES, "Requests retried on another replica before their first token.");
     describe_counter!(REJECTIONS, "Requests rejected, by reason.");
     describe_gauge!(REPEATED_PREFIX_RATIO, "Fraction of incoming prompt blocks seen recently.");
-    describe_counter!(PREFIX_CHURN, "Prefix-churn alarms: a tenant's requests keep diverging at block 0.");
+    describe_counter!(
+        PREFIX_CHURN,
+        "Prompts that vary near the top (a timestamp, a request id) while their tenant is diagnosed so."
+    );
+    describe_counter!(PREFIX_DIAGNOSES, "Prefix-cache diagnoses raised, by kind (GET /debug/prefix-report).");
+    describe_gauge!(PREFIX_DIAGNOSES_ACTIVE, "Tenants with a prefix-cache diagnosis raised, by kind.");
+    describe_gauge!(
+        PREFIX_CEILING,
+        "Share of prompt tokens in a prefix their tenant sent before, over the doctor's window: the hit ratio's ceiling."
+    );
+    describe_gauge!(
+        PREFIX_HIT,
+        "Share of prompt tokens found cached over the doctor's window: by the routing decisions per tier and in all \
+         (gpu, host, network, total), and by the replicas' reports (reported)."
+    );
+    describe_histogram!(
+        PREFIX_DIVERGENCE,
+        "The block at which a prompt first leaves its tenant's longest previously seen prefix."
+    );
+    describe_counter!(PREFIX_DOCTOR_DROPPED, "Prompts the prefix-cache doctor did not see: its queue was full.");
+    describe_gauge!(TENANT_PREFIX_DIAGNOSES_ACTIVE, "1 when a listed tenant has the prefix-cache diagnosis raised.");
+    describe_gauge!(TENANT_PREFIX_CEILING, "A listed tenant's repeated-prefix fraction over the doctor's window.");
+    describe_gauge!(TENANT_PREFIX_HIT, "A listed tenant's share of prompt tokens the routing decisions found cached.");
 }
 
 pub fn record_request(route: &'static str, status: u16) {
@@ -201,4 +239,40 @@ pub fn record_repeated_prefix_ratio(ratio: f64) {
 
 pub fn record_prefix_churn() {
     counter!(PREFIX_CHURN).increment(1);
+}
+
+pub fn record_prefix_diagnosis(kind: &'static str) {
+    counter!(PREFIX_DIAGNOSES, "kind" => kind).increment(1);
+}
+
+pub fn record_prefix_diagnoses_active(kind: &'static str, tenants: usize) {
+    gauge!(PREFIX_DIAGNOSES_ACTIVE, "kind" => kind).set(tenants as f64);
+}
+
+/// The fleet's repeated-prefix fraction and hit ratios over the doctor's window.
+pub fn record_prefix_ratios(counters: &Counters) {
+    gauge!(PREFIX_CEILING).set(counters.repeated_ratio());
+    for (index, tier) in TIERS.iter().enumerate() {
+        gauge!(PREFIX_HIT, "tier" => *tier).set(counters.matched_ratio(index));
+    }
+    gauge!(PREFIX_HIT, "tier" => "total").set(counters.matched_total_ratio());
+    gauge!(PREFIX_HIT, "tier" => "reported").set(counters.reported_ratio());
+}
+
+pub fn record_prefix_divergence(block: u32) {
+    histogram!(PREFIX_DIVERGENCE).record(f64::from(block));
+}
+
+pub fn record_prefix_doctor_dropped() {
+    counter!(PREFIX_DOCTOR_DROPPED).increment(1);
+}
+
+/// A listed tenant's gauges: each diagnosis (1 raised, 0 not) and its ratios.
+pub fn record_tenant_prefix(tenant: &str, counters: &Counters, raised: &[Kind]) {
+    for kind in Kind::ALL {
+        let value = f64::from(u8::from(raised.contains(&kind)));
+        gauge!(TENANT_PREFIX_DIAGNOSES_ACTIVE, "tenant" => tenant.to_string(), "kind" => kind.as_str()).set(value);
+    }
+    gauge!(TENANT_PREFIX_CEILING, "tenant" => tenant.to_string()).set(counters.repeated_ratio());
+    gauge!(TENANT_PREFIX_HIT, "tenant" => tenant.to_string()).set(counters.matched_total_ratio());
 }

@@ -48,6 +48,8 @@ pub struct Params {
     /// Completions per prompt (HTTP's `n`; gRPC always asks for one).
     pub n: Option<u32>,
     pub cache_salt: Option<String>,
+    /// The end user (OpenAI's `user`), for the prefix-cache doctor.
+    pub user: Option<String>,
 }
 
 /// What a request asks for once its parameters are checked (the prompt comes separately).
@@ -57,6 +59,7 @@ pub struct Checked {
     pub max_tokens: u32,
     pub stop: Vec<String>,
     pub cache_salt: Option<String>,
+    pub user: Option<String>,
 }
 
 impl Checked {
@@ -69,6 +72,7 @@ impl Checked {
             sampling: self.sampling,
             max_tokens: self.max_tokens,
             stop: self.stop,
+            user: self.user,
         }
     }
 }
@@ -108,7 +112,8 @@ pub fn check(params: &Params, limits: &Limits) -> Result<Checked, ServiceError> 
             "cache_salt",
         ));
     }
-    Ok(Checked { sampling, max_tokens, stop: params.stop.clone(), cache_salt })
+    let user = params.user.clone().filter(|user| !user.is_empty());
+    Ok(Checked { sampling, max_tokens, stop: params.stop.clone(), cache_salt, user })
 }
 
 /// Checks the number of messages of a chat request (before it is rendered).

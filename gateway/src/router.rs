@@ -1,7 +1,7 @@
 //! Glue between the async shell and the synchronous routing core: feeds the
 //! prefix index and the load ledger from replica events, builds replica views
-//! from the pool and the ledger, and runs the policy, the repeated-prefix
-//! sketch and the churn detector.
+//! from the pool and the ledger, runs the policy and the repeated-prefix
+//! sketch, and hands each routed prompt to the prefix-cache doctor.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -10,11 +10,12 @@ use kvroute_proto::BlockHash;
 use kvroute_proto::domain::KvEventBatch;
 use serde_json::{Value, json};
 
+use crate::doctor::{Report, ReportOptions};
+use crate::doctor_thread::{DoctorThread, DoctorTicket, Traffic};
 use crate::metrics;
 use crate::routing::{
-    CandidateScore, ChurnConfig, ChurnDetector, Decision, Exclusion, IndexConfig, LoadLedger, LookupResult, Millis,
-    Policy, PrefixIndex, PrefixSketch, ReplicaView, RouteRequest, SendTicket, SketchConfig, SplitMix64,
-    fill_unmeasured_rates,
+    CandidateScore, Decision, Exclusion, IndexConfig, LoadLedger, LookupResult, Millis, Policy, PrefixIndex,
+    PrefixSketch, ReplicaView, RouteRequest, SendTicket, SketchConfig, SplitMix64, fill_unmeasured_rates,
 };
 use crate::upstream::{IndexSink, Pool, ReplicaId};
 
@@ -26,6 +27,8 @@ pub struct RoutePlan {
     pub predicted_cached_tokens: usize,
     /// Every known replica is excluded because its queue is full.
     pub all_full: bool,
+    /// Names the prompt to the prefix-cache doctor when its reply finishes ([`Router::finished`]).
+    pub doctor: DoctorTicket,
 }
 
 /// The gateway's routing state.
@@ -34,7 +37,7 @@ pub struct Router {
     policy: Mutex<Policy>,
     rng: Mutex<SplitMix64>,
     sketch: PrefixSketch,
-    churn: Mutex<ChurnDetector>,
+    doctor: DoctorThread,
     ledger: Mutex<LoadLedger>,
     pending_ttl: Millis,
     origin: Instant,
@@ -47,24 +50,20 @@ impl std::fmt::Debug for Router {
 }
 
 impl Router {
-    /// A router over prompts hashed in blocks of `block_size` tokens (the churn detector compares them
-    /// block by block).
+    /// A router that hands each routed prompt to `doctor`.
     pub fn new(
         policy: Policy,
         index: IndexConfig,
         seed: u64,
         pending_ttl: Millis,
-        block_size: u32,
+        doctor: DoctorThread,
     ) -> anyhow::Result<Router> {
         Ok(Router {
             index: PrefixIndex::new(index).map_err(|error| anyhow::anyhow!("prefix index: {error}"))?,
             policy: Mutex::new(policy),
             rng: Mutex::new(SplitMix64::new(seed)),
             sketch: PrefixSketch::new(&SketchConfig::default()),
-            churn: Mutex::new(ChurnDetector::new(ChurnConfig {
-                block_size: block_size as usize,
-                ..ChurnConfig::default()
-            })),
+            doctor,
             ledger: Mutex::new(LoadLedger::new()),
             pending_ttl,
             origin: Instant::now(),
@@ -166,15 +165,10 @@ impl Router {
         (decision, lookup)
     }
 
-    /// Chooses replicas for a request and updates the traffic sketches.
-    pub fn plan(
-        &self,
-        hashes: &[BlockHash],
-        prompt_tokens: usize,
-        pool: &Pool,
-        tenant: &str,
-        prompt: &[u32],
-    ) -> RoutePlan {
+    /// Chooses replicas for a request, updates the repeated-prefix sketch and hands the prompt (moved, not
+    /// copied) to the prefix-cache doctor, which works on it off the request path.
+    pub fn plan(&self, hashes: &[BlockHash], pool: &Pool, traffic: Traffic) -> RoutePlan {
+        let prompt_tokens = traffic.tokens.len();
         let views = self.views(pool, hashes);
         let (decision, _) = self.decide(hashes, prompt_tokens, &views, true);
         if tracing::enabled!(target: DECISION_LOG, tracing::Level::DEBUG) {
@@ -190,26 +184,36 @@ impl Router {
         }
         self.sketch.observe(hashes);
         metrics::record_repeated_prefix_ratio(self.sketch.ratio());
-        if let Ok(mut churn) = self.churn.lock()
-            && let Some(alarm) = churn.observe(tenant, prompt)
-        {
-            metrics::record_prefix_churn();
-            if churn.should_log(self.now()) {
-                tracing::warn!(
-                    first_differing_token = alarm.first_differing_token,
-                    streak = alarm.streak,
-                    "prefix churn: consecutive requests of one tenant differ at block 0 (variable content at the top of the prompt?)"
-                );
-            }
-        }
         let block_size = pool.block_size();
+        let chosen = decision.candidates.iter().find(|candidate| Some(candidate.replica) == decision.chosen);
+        let matched = chosen.map_or([0; 3], |chosen| {
+            [chosen.gpu_blocks, chosen.host_blocks, chosen.network_blocks]
+                .map(|blocks| u64::from(blocks) * u64::from(block_size))
+        });
+        let doctor = self.doctor.observe(self.now(), traffic, matched);
         let all_full = !decision.candidates.is_empty()
             && decision.candidates.iter().all(|candidate| candidate.excluded == Some(Exclusion::QueueFull));
         RoutePlan {
             candidates: decision.ranked().into_iter().cloned().collect(),
             predicted_cached_tokens: decision.predicted_cached_tokens(block_size) as usize,
             all_full,
+            doctor,
         }
+    }
+
+    /// A routed request's reply finished: the doctor remembers its blocks and the replica's cached tokens.
+    pub fn finished(&self, ticket: DoctorTicket, reply: Vec<u32>, prompt_tokens: u32, cached_tokens: u32) {
+        self.doctor.finished(ticket, self.now(), reply, u64::from(prompt_tokens), u64::from(cached_tokens));
+    }
+
+    /// The prefix-cache doctor's report; `decode` turns token ids into text.
+    pub fn prefix_report(&self, options: &ReportOptions, decode: &dyn Fn(&[u32]) -> String) -> Report {
+        self.doctor.report(self.now(), options, decode)
+    }
+
+    /// Whether the prefix-cache doctor tracks `tenant`.
+    pub fn doctor_knows(&self, tenant: &str) -> bool {
+        self.doctor.knows(tenant)
     }
 
     /// Records that a request's blocks are on their way to `candidate`'s replica: those it will

@@ -12,6 +12,7 @@ use crate::body_deadline::BodyDeadlineLayer;
 use crate::chat::ChatRenderer;
 use crate::config::{Secret, ServeArgs};
 use crate::cpu_pool::CpuPool;
+use crate::doctor_thread::DoctorThread;
 use crate::grpc::GenerateService;
 use crate::http::AppState;
 use crate::prompts::Prompts;
@@ -56,8 +57,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map(|ca| crate::tls::agent_client_config(ca, args.agent_tls_domain.as_deref()))
         .transpose()?;
     let tokenizer = Arc::new(crate::cli::load_tokenizer(&args.tokenizer).context("loading the tokenizer")?);
-    let renderer =
-        ChatRenderer::new(tokenizer.chat_template(), tokenizer.clone()).context("compiling the chat template")?;
+    let renderer = ChatRenderer::new(tokenizer.chat_template(), tokenizer.clone())
+        .context("compiling the chat template")?
+        .with_tool_order(args.tool_order);
     let tenants = match &args.api_keys {
         Some(path) => Tenants::load(path).with_context(|| format!("reading {}", path.display()))?,
         None => Tenants::open(),
@@ -72,12 +74,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_replicas: args.index_max_replicas,
         ..IndexConfig::default()
     };
+    let doctor = DoctorThread::start(args.doctor(), args.doctor_tenant_metrics.clone())
+        .context("starting the prefix-cache doctor")?;
     let router = Arc::new(Router::new(
         Policy::new(args.policy, ScoringConfig::default()),
         index,
         args.seed,
         args.pending_ttl_ms,
-        args.block_size,
+        doctor,
     )?);
     let expectations = Expectations {
         model_id: args.model_id.clone(),
@@ -119,6 +123,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         limits: args.limits(),
         tenants: tenants.clone(),
         admin: admin.clone(),
+        redact_prefix_report: args.doctor_redact,
         metrics: Some(metrics),
         max_body_bytes: args.max_body_bytes,
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
@@ -136,7 +141,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tokenizer = tokenizer.name(),
         agents = args.agents.len(),
         worker_threads = args.worker_threads(),
-        debug_route = admin.is_on(),
+        debug_endpoints = admin.is_on(),
         "gateway serving"
     );
     let (stop, _) = tokio::sync::broadcast::channel::<()>(1);

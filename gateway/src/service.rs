@@ -12,6 +12,7 @@ use kvroute_proto::{BlockHash, BlockHasher};
 use tokio::sync::mpsc;
 use tonic::Code;
 
+use crate::doctor_thread::{DoctorTicket, MAX_REPLY_TOKENS, Traffic};
 use crate::metrics;
 use crate::router::Router;
 use crate::tenants::Tenant;
@@ -28,6 +29,8 @@ pub struct GenerateSpec {
     pub max_tokens: u32,
     /// Generation ends before any of these strings (not included in the text).
     pub stop: Vec<String>,
+    /// The request's `user` field: the prefix-cache doctor tells per-user content from other content by it.
+    pub user: Option<String>,
 }
 
 pub use kvroute_proto::domain::Usage;
@@ -214,15 +217,33 @@ impl Gateway {
     /// token (or every attempt failed); events then arrive on the receiver.
     pub async fn generate(
         &self,
-        spec: GenerateSpec,
+        mut spec: GenerateSpec,
     ) -> Result<mpsc::Receiver<Result<StreamEvent, ServiceError>>, ServiceError> {
         let started = Instant::now();
         if let Some(bad) = spec.prompt.iter().find(|&&id| id >= self.tokenizer.vocab_size()) {
             return Err(ServiceError::bad_request(format!("token id {bad} is outside the vocabulary"), Some("prompt")));
         }
         let (hashes, scope) = self.hashes(&spec);
-        let plan = self.router.plan(&hashes, spec.prompt.len(), &self.pool, spec.tenant.name.as_str(), &spec.prompt);
-        metrics::record_decision(started.elapsed(), spec.prompt.len(), plan.predicted_cached_tokens);
+        let prompt_len = spec.prompt.len();
+        let request = AgentGenerateRequest {
+            request_id: String::new(),
+            prompt: spec.prompt.clone(),
+            cache_mode: if scope.is_some() { CacheMode::Shared } else { CacheMode::Disabled },
+            cache_scope: scope.clone().unwrap_or_default(),
+            sampling: spec.sampling,
+            max_tokens: spec.max_tokens,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+        };
+        // The doctor gets the prompt itself; the request above has its copy.
+        let traffic = Traffic {
+            tenant: std::mem::take(&mut spec.tenant.name),
+            user: spec.user.take(),
+            scope,
+            tokens: std::mem::take(&mut spec.prompt),
+        };
+        let plan = self.router.plan(&hashes, &self.pool, traffic);
+        metrics::record_decision(started.elapsed(), prompt_len, plan.predicted_cached_tokens);
         if plan.candidates.is_empty() {
             return Err(if plan.all_full {
                 ServiceError::Overloaded("every replica's queue is full; retry later".into())
@@ -230,16 +251,6 @@ impl Gateway {
                 ServiceError::NoReplica("no healthy replica".into())
             });
         }
-        let request = AgentGenerateRequest {
-            request_id: String::new(),
-            prompt: spec.prompt.clone(),
-            cache_mode: if scope.is_some() { CacheMode::Shared } else { CacheMode::Disabled },
-            cache_scope: scope.unwrap_or_default(),
-            sampling: spec.sampling,
-            max_tokens: spec.max_tokens,
-            stop_token_ids: Vec::new(),
-            ignore_eos: false,
-        };
         let mut last_error = ServiceError::NoReplica("no healthy replica".into());
         let mut overloaded = 0;
         let blocks: Arc<[BlockHash]> = hashes.as_slice().into();
@@ -252,11 +263,14 @@ impl Gateway {
             // blocks as pending here and its work in this replica's load.
             self.router.sent(candidate, &hashes);
             let cached = if attempt == 0 { plan.predicted_cached_tokens } else { 0 };
-            let uncached = spec.prompt.len().saturating_sub(cached) as u64;
+            let uncached = prompt_len.saturating_sub(cached) as u64;
             match self.start_on(replica, &request, uncached, blocks.clone()).await {
                 Ok((first, upstream)) => {
                     let (sender, receiver) = mpsc::channel(64);
-                    let stream = TextStream::new(&self.tokenizer, &spec, self.config.inter_token_timeout, replica);
+                    let doctor = (self.router.clone(), plan.doctor);
+                    let stream =
+                        TextStream::new(&self.tokenizer, &spec, prompt_len, self.config.inter_token_timeout, replica)
+                            .reporting_to(doctor);
                     tokio::spawn(stream.run(first, upstream, sender));
                     return Ok(receiver);
                 }
@@ -360,12 +374,16 @@ struct TextStream {
     inter_token_timeout: Duration,
     /// The replica streaming the reply (for the log line when it breaks off).
     replica: ReplicaId,
+    /// The reply's token ids so far, and where they go when it finishes (the prefix-cache doctor).
+    reply: Vec<u32>,
+    doctor: Option<(Arc<Router>, DoctorTicket)>,
 }
 
 impl TextStream {
     fn new(
         tokenizer: &Arc<Tokenizer>,
         spec: &GenerateSpec,
+        prompt_tokens: usize,
         inter_token_timeout: Duration,
         replica: ReplicaId,
     ) -> TextStream {
@@ -374,12 +392,20 @@ impl TextStream {
             detokenizer: Detokenizer::new(tokenizer),
             stop: spec.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
             held: String::new(),
-            prompt_tokens: spec.prompt.len() as u32,
+            prompt_tokens: prompt_tokens as u32,
             completion_tokens: 0,
             cached_tokens: 0,
             inter_token_timeout,
             replica,
+            reply: Vec::with_capacity((spec.max_tokens as usize).min(MAX_REPLY_TOKENS)),
+            doctor: None,
         }
+    }
+
+    /// Tells the router's prefix-cache doctor about the reply when it finishes.
+    fn reporting_to(mut self, doctor: (Arc<Router>, DoctorTicket)) -> TextStream {
+        self.doctor = Some(doctor);
+        self
     }
 
     async fn run(
@@ -424,6 +450,9 @@ impl TextStream {
         for id in message.token_ids {
             self.completion_tokens += 1;
             token_ids.push(id);
+            if self.reply.len() < MAX_REPLY_TOKENS {
+                self.reply.push(id);
+            }
             // End-of-sequence tokens end generation; their text is not shown.
             if reason == Some(FinishReason::Stop) && final_usage.is_some() && self.tokenizer.is_special(id) {
                 continue;
@@ -461,6 +490,9 @@ impl TextStream {
                 cached_tokens: cached,
             };
             metrics::record_cached(cached);
+            if let Some((router, ticket)) = self.doctor.take() {
+                router.finished(ticket, std::mem::take(&mut self.reply), self.prompt_tokens, cached);
+            }
             let reason = if stopped { FinishReason::Stop } else { reason.unwrap_or(FinishReason::Length) };
             let _ = sender.send(Ok(StreamEvent::Finished { reason, usage })).await;
             return true;

@@ -24,7 +24,8 @@ struct Args {
     /// round robin, e.g. straight to engine servers).
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     url: String,
-    /// Synthetic workload: chat, agent, rag, fewshot or timestamp-top.
+    /// Synthetic workload: chat, agent, rag, fewshot, timestamp-top, shuffled-tools (needs the gateway's
+    /// --tool-order as-sent), prompt-change, ab-split or personalised.
     #[arg(long, conflicts_with = "trace")]
     workload: Option<WorkloadKind>,
     /// Replay a Mooncake-format JSONL trace instead.

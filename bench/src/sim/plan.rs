@@ -31,13 +31,15 @@ pub enum Prompt {
 pub struct Session {
     pub start_s: f64,
     pub system: Vec<u32>,
+    /// OpenAI's `user` field of the session's requests (`personalised`).
+    pub user: Option<String>,
     pub turns: Vec<SessionTurn>,
 }
 
 #[derive(Clone, Debug)]
 pub struct SessionTurn {
     pub user: Vec<u32>,
-    /// Replaces the system prompt for this turn (`timestamp-top`).
+    /// Replaces the system prompt (and tools) for this turn (`timestamp-top`, `shuffled-tools`).
     pub system: Option<Vec<u32>>,
     pub think_s: f64,
     pub output_tokens: u32,
@@ -85,24 +87,32 @@ impl Plan {
     pub fn from_workload(kind: WorkloadKind, config: &WorkloadConfig, rate_scale: f64) -> Plan {
         let tokenizer = Tokenizer::builtin();
         let encode = |text: &str| tokenizer.encode(text);
+        // The system prompt with the tools after it, one JSON line each (what a chat template makes of them).
+        let system_tokens = |system: &str, tools: &[serde_json::Value]| {
+            let mut tokens = encode(system);
+            for tool in tools {
+                tokens.extend(encode(&tool.to_string()));
+            }
+            tokens
+        };
         let sessions = workload::generate(kind, config)
             .into_iter()
             .map(|session| {
-                let mut system = encode(&session.system);
-                for tool in &session.tools {
-                    system.extend(encode(&tool.to_string()));
-                }
+                let system = system_tokens(&session.system, &session.tools);
                 let turns = session
                     .turns
                     .iter()
                     .map(|turn| SessionTurn {
                         user: encode(&turn.user),
-                        system: turn.system.as_deref().map(encode),
+                        system: (turn.system.is_some() || turn.tools.is_some()).then(|| {
+                            let tools = turn.tools.as_deref().unwrap_or(&session.tools);
+                            system_tokens(turn.system.as_deref().unwrap_or(&session.system), tools)
+                        }),
                         think_s: turn.think_ms as f64 / 1000.0,
                         output_tokens: turn.max_tokens.max(1),
                     })
                     .collect();
-                Session { start_s: session.start_ms as f64 / 1000.0 / rate_scale, system, turns }
+                Session { start_s: session.start_ms as f64 / 1000.0 / rate_scale, system, user: session.user, turns }
             })
             .collect();
         Plan { open: Vec::new(), sessions, trace: Vec::new(), vocab_size: tokenizer.vocab_size() }

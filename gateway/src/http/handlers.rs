@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -22,6 +22,7 @@ use super::prepare::{self, Prepared};
 pub use super::prepare::{parse_json, spec_from};
 use super::{AppState, error_response, response_id, unix_now};
 use crate::admin::AdminDenied;
+use crate::doctor::ReportOptions;
 use crate::metrics;
 use crate::prompts::Prompts;
 use crate::service::{ServiceError, StreamEvent, Usage};
@@ -329,7 +330,7 @@ pub async fn explain_route(State(state): Shared, headers: HeaderMap, body: Body)
     const ROUTE: &str = "debug_route";
     let key = bearer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()));
     if let Err(denied) = state.admin.check(key, &state.tenants) {
-        return admin_denied(ROUTE, denied);
+        return admin_denied(ROUTE, "/debug/route", denied);
     }
     let prepared =
         prepare_request(&state, Tenant::anonymous(), body, |state, _, bytes| prepare::explain_body(state, bytes));
@@ -342,32 +343,146 @@ pub async fn explain_route(State(state): Shared, headers: HeaderMap, body: Body)
     Json(state.gateway.router.explain(&hashes, spec.prompt.len(), &state.gateway.pool)).into_response()
 }
 
-/// The answer to a refused admin request, in OpenAI's error shape.
-fn admin_denied(route: &'static str, denied: AdminDenied) -> Response {
+/// GET /debug/prefix-report: the prefix-cache doctor's report, JSON or (`?format=text`) plain text;
+/// `?redact=true` shows token text as lengths and digests, `?tenant=NAME` one tenant. Needs the admin key.
+pub async fn prefix_report(State(state): Shared, headers: HeaderMap, RawQuery(query): RawQuery) -> Response {
+    const ROUTE: &str = "debug_prefix_report";
+    let key = bearer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()));
+    if let Err(denied) = state.admin.check(key, &state.tenants) {
+        return admin_denied(ROUTE, "/debug/prefix-report", denied);
+    }
+    let query = match ReportQuery::parse(query.as_deref().unwrap_or_default()) {
+        Ok(query) => query,
+        Err(error) => return fail(ROUTE, error),
+    };
+    let router = &state.gateway.router;
+    if let Some(tenant) = query.tenant.as_deref().filter(|tenant| !router.doctor_knows(tenant)) {
+        let message = format!("the prefix-cache doctor tracks no tenant named {tenant:?} (none of its recent ones)");
+        return debug_error(ROUTE, StatusCode::NOT_FOUND, "not_found_error", "unknown_tenant", message, Some("tenant"));
+    }
+    let options = ReportOptions {
+        redact: query.redact || state.redact_prefix_report,
+        tenant: query.tenant,
+        ..Default::default()
+    };
+    let tokenizer = &state.gateway.tokenizer;
+    let decode = |ids: &[u32]| {
+        tokenizer.decode_bytes(ids).map(|bytes| String::from_utf8_lossy(&bytes).into_owned()).unwrap_or_default()
+    };
+    let report = router.prefix_report(&options, &decode);
+    metrics::record_request(ROUTE, 200);
+    if query.text {
+        ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], report.to_text()).into_response()
+    } else {
+        Json(report).into_response()
+    }
+}
+
+/// The query of `/debug/prefix-report`.
+#[derive(Debug, Default, PartialEq)]
+struct ReportQuery {
+    text: bool,
+    redact: bool,
+    tenant: Option<String>,
+}
+
+impl ReportQuery {
+    /// Parses `format=json|text`, `redact=true|false` and `tenant=NAME`; anything else is a 400.
+    fn parse(query: &str) -> Result<ReportQuery, ServiceError> {
+        let mut parsed = ReportQuery::default();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = percent_decoded(value)
+                .ok_or_else(|| ServiceError::bad_request(format!("{name}: not percent-encoded UTF-8"), None))?;
+            match name {
+                "format" => {
+                    parsed.text = match value.as_str() {
+                        "json" => false,
+                        "text" => true,
+                        _ => return Err(ServiceError::bad_request("format must be json or text", Some("format"))),
+                    }
+                }
+                "redact" => {
+                    parsed.redact = match value.as_str() {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => return Err(ServiceError::bad_request("redact must be true or false", Some("redact"))),
+                    }
+                }
+                "tenant" if !value.is_empty() => parsed.tenant = Some(value),
+                "tenant" => return Err(ServiceError::bad_request("tenant must name a tenant", Some("tenant"))),
+                _ => {
+                    return Err(ServiceError::bad_request(
+                        format!("unknown query parameter {name:?}: use format, redact or tenant"),
+                        None,
+                    ));
+                }
+            }
+        }
+        Ok(parsed)
+    }
+}
+
+/// A query value with `+` and `%XX` decoded; None when that is not UTF-8 or a `%` is not followed by two
+/// hexadecimal digits.
+fn percent_decoded(value: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(value.len());
+    let mut rest = value.as_bytes();
+    while let Some((&byte, tail)) = rest.split_first() {
+        rest = tail;
+        match byte {
+            b'+' => bytes.push(b' '),
+            b'%' => {
+                let hex = std::str::from_utf8(rest.get(..2)?).ok()?;
+                bytes.push(u8::from_str_radix(hex, 16).ok()?);
+                rest = &rest[2..];
+            }
+            other => bytes.push(other),
+        }
+    }
+    String::from_utf8(bytes).ok()
+}
+
+/// An error of a debug endpoint in OpenAI's error shape, counted under `route`.
+fn debug_error(
+    route: &'static str,
+    status: StatusCode,
+    kind: &'static str,
+    code: &'static str,
+    message: String,
+    param: Option<&str>,
+) -> Response {
+    metrics::record_request(route, status.as_u16());
+    let body = ErrorBody { error: ErrorDetail { message, kind, param: param.map(str::to_string), code: Some(code) } };
+    (status, Json(body)).into_response()
+}
+
+/// The answer to a refused request to the admin endpoint `path`, in OpenAI's error shape.
+fn admin_denied(route: &'static str, path: &str, denied: AdminDenied) -> Response {
     let (status, kind, code, message) = match denied {
         AdminDenied::Off => (
             StatusCode::NOT_FOUND,
             "not_found_error",
             "admin_disabled",
-            "/debug/route is off: it needs an admin key (--admin-api-key or KVROUTE_ADMIN_API_KEY)",
+            format!("{path} is off: it needs an admin key (--admin-api-key or KVROUTE_ADMIN_API_KEY)"),
         ),
         AdminDenied::Missing => (
             StatusCode::UNAUTHORIZED,
             "authentication_error",
             "unauthorized",
-            "missing admin key: send `Authorization: Bearer ADMIN_KEY`",
+            "missing admin key: send `Authorization: Bearer ADMIN_KEY`".to_string(),
         ),
-        AdminDenied::Invalid => (StatusCode::UNAUTHORIZED, "authentication_error", "unauthorized", "invalid admin key"),
+        AdminDenied::Invalid => {
+            (StatusCode::UNAUTHORIZED, "authentication_error", "unauthorized", "invalid admin key".to_string())
+        }
         AdminDenied::TenantKey => (
             StatusCode::FORBIDDEN,
             "permission_error",
             "forbidden",
-            "/debug/route needs the admin key; tenant API keys cannot use it",
+            format!("{path} needs the admin key; tenant API keys cannot use it"),
         ),
     };
-    metrics::record_request(route, status.as_u16());
-    let body = ErrorBody { error: ErrorDetail { message: message.into(), kind, param: None, code: Some(code) } };
-    (status, Json(body)).into_response()
+    debug_error(route, status, kind, code, message, None)
 }
 
 pub async fn not_found() -> Response {
@@ -384,4 +499,28 @@ pub async fn method_not_allowed() -> Response {
         },
     };
     (StatusCode::METHOD_NOT_ALLOWED, Json(body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_queries() {
+        assert_eq!(ReportQuery::parse(""), Ok(ReportQuery::default()));
+        let query = ReportQuery::parse("format=text&redact=true&tenant=acme%2Dwest").unwrap();
+        assert_eq!(query, ReportQuery { text: true, redact: true, tenant: Some("acme-west".into()) });
+        assert_eq!(ReportQuery::parse("format=json&redact=0").unwrap(), ReportQuery::default());
+        for (bad, param) in [
+            ("format=xml", Some("format")),
+            ("redact=maybe", Some("redact")),
+            ("tenant=", Some("tenant")),
+            ("verbose=1", None),
+            ("tenant=%zz", None),
+            ("tenant=%ff", None),
+        ] {
+            let error = ReportQuery::parse(bad).unwrap_err();
+            assert_eq!((error.http_status(), error.param()), (400, param), "{bad}: {error}");
+        }
+    }
 }

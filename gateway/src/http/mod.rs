@@ -1,6 +1,7 @@
 //! The HTTP ingress (axum on hyper): OpenAI-compatible completions and chat
 //! completions (streaming with SSE and not), models, health, readiness,
-//! metrics, the OpenAPI document, and the routing explain endpoint.
+//! metrics, the OpenAPI document, and the operator's debug endpoints (the routing explain endpoint and the
+//! prefix-cache doctor's report).
 //!
 //! Every error is OpenAI's JSON error shape with the status from
 //! [`ServiceError::http_status`], the one mapping of failures to statuses.
@@ -37,8 +38,10 @@ pub struct AppState {
     /// The request limits shared with the gRPC ingress.
     pub limits: Limits,
     pub tenants: Tenants,
-    /// What `/debug/route` requires.
+    /// What `/debug/route` and `/debug/prefix-report` require.
     pub admin: AdminKey,
+    /// `/debug/prefix-report` shows no token text, whatever the request asks.
+    pub redact_prefix_report: bool,
     pub metrics: Option<PrometheusHandle>,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
@@ -63,6 +66,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(handlers::metrics))
         .route("/openapi.json", get(handlers::openapi))
         .route("/debug/route", post(handlers::explain_route))
+        .route("/debug/prefix-report", get(handlers::prefix_report))
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .with_state(state)

@@ -71,6 +71,7 @@ pub fn params(common: &CommonParams) -> Params {
         stop: common.stop.clone().map(StringOrList::into_vec).unwrap_or_default(),
         n: common.n,
         cache_salt: common.cache_salt.clone(),
+        user: common.user.clone(),
     }
 }
 

@@ -8,12 +8,12 @@
 //! - [`scoring`]: request and replica inputs, the decision, the TTFT model.
 //! - [`cache_aware`]: the default policy; [`policy`]: every policy by name, the baselines.
 //! - [`prefix_hash`], [`approx_radix`]: the two stateful baselines.
-//! - [`sketch`]: the repeated-prefix ratio; [`churn`]: the block-0 churn detector.
+//! - [`sketch`]: the repeated-prefix ratio (the prefix-cache doctor, `crate::doctor`, says why it is what
+//!   it is).
 //! - [`rng`]: the injected random source.
 
 pub mod approx_radix;
 pub mod cache_aware;
-pub mod churn;
 mod huge_pages;
 pub mod index;
 pub mod load;
@@ -32,7 +32,6 @@ pub type ReplicaId = u16;
 /// Milliseconds from an origin the caller chooses (monotonic in practice).
 pub type Millis = u64;
 
-pub use churn::{ChurnAlarm, ChurnConfig, ChurnDetector};
 pub use index::{DEFAULT_PENDING_TTL_MS, IndexConfig, IndexError, IndexStats, LookupResult, PrefixIndex, ReplicaMatch};
 pub use load::{LoadLedger, SendTicket, TrackedLoad};
 pub use policy::Policy;

@@ -4,6 +4,7 @@
 //! `gateway_cluster::...`, and so on.
 
 mod cli_hash;
+mod doctor;
 mod faults;
 mod gateway_cluster;
 mod ingress;

@@ -1,7 +1,7 @@
 //! The monitoring files against live services: a real node-agent (tiny-random, a small KV pool, a
 //! host-RAM tier and a real Redis tier) and a real gateway on free loopback ports get traffic that
 //! exercises every dashboard panel (cache hits, evictions, spills to and reloads from Redis,
-//! write-through, a prefix-churn alarm). Then every `kvroute_*` series name used in
+//! write-through, a prefix-cache diagnosis: prompts varying near the top). Then every `kvroute_*` series name used in
 //! `deploy/grafana/kvroute-dashboard.json` and `deploy/prometheus/alerts.yml` must appear in the
 //! `/metrics` of the service it belongs to, and both `/metrics` bodies must pass
 //! `promtool check metrics`.
@@ -55,6 +55,12 @@ fn complete(services: &Services, prompt: &str) {
     assert_eq!(response.status, 200, "{}", response.text());
 }
 
+/// Prompts of `drive_traffic` with a ticket number at the top: enough for the doctor to diagnose it.
+const TICKETS: usize = 8;
+
+/// Requests `drive_traffic` sends.
+const REQUESTS: usize = 3 + TICKETS + 1;
+
 /// Traffic that makes every metric of the monitoring files appear.
 fn drive_traffic(services: &Services) {
     let shared = "You are a careful assistant for accounting. ".repeat(14);
@@ -62,9 +68,10 @@ fn drive_traffic(services: &Services) {
     for _ in 0..3 {
         complete(services, &shared);
     }
-    // Prompts that differ at their first block (a churn alarm) and overflow the pool and host RAM.
-    for ticket in 0..6 {
-        complete(services, &format!("Ticket {ticket}: rivers and lakes of the northern region. ").repeat(12));
+    // Prompts that differ at their first block while the rest recurs (the prefix-cache doctor diagnoses
+    // content varying near the top) and overflow the pool and host RAM.
+    for ticket in 0..TICKETS {
+        complete(services, &format!("Ticket {ticket}: {}", "rivers and lakes of the northern region. ".repeat(12)));
     }
     // Spills reach Redis: the agent's write queue is empty and it has stored at least the hot blocks it
     // sent to the network tier first.
@@ -192,8 +199,8 @@ fn both_metrics_endpoints_pass_promtool_check_metrics() {
     let promtool = promtool();
     let services = start();
     drive_traffic(&services);
-    // The agent publishes its engine's state after steps: wait until it counts all 10 requests finished.
-    services.agent.wait_finished(10).unwrap();
+    // The agent publishes its engine's state after steps: wait until it counts every request finished.
+    services.agent.wait_finished(REQUESTS).unwrap();
     let mut failures = Vec::new();
     for (service, addr) in [("gateway", services.http), ("node-agent", services.agent_metrics)] {
         let body = scrape(addr);
