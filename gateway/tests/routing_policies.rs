@@ -87,9 +87,14 @@ fn route(policy: &mut Policy, hashes: &[BlockHash], states: &[State], rng: &mut 
     policy.decide(&request, &views(states), &lookup(states, hashes.len()), rng)
 }
 
-/// One decision per row: (states, expected choice).
+/// One decision per row on a 10-block prompt: (states, expected choice).
 fn check(kind: PolicyKind, config: ScoringConfig, rows: &[(&[State], Option<ReplicaId>)]) {
-    let hashes = prompt(10, 0);
+    check_blocks(kind, config, 10, rows);
+}
+
+/// One decision per row on a prompt of `blocks` full blocks: (states, expected choice).
+fn check_blocks(kind: PolicyKind, config: ScoringConfig, blocks: usize, rows: &[(&[State], Option<ReplicaId>)]) {
+    let hashes = prompt(blocks, 0);
     for (row, (states, expected)) in rows.iter().enumerate() {
         let mut policy = Policy::new(kind, config.clone());
         let decision = route(&mut policy, &hashes, states, &mut SplitMix64::new(9));
@@ -198,7 +203,10 @@ fn dynamo_cost_is_prefill_blocks_plus_decode_blocks() {
             // in flight the holder's prefill is (160 + 160) / 16 - 10 = 10 like the idle replica's, and its 5
             // active blocks tip it; with 80 it keeps the request, whatever the engine reports queued.
             (&[State { gpu: 10, tracked: tracked(160, 5, 0), ..replica(0) }, replica(1)], Some(1)),
-            (&[State { gpu: 10, queued_tokens: 10_000, tracked: tracked(80, 0, 0), ..replica(0) }, replica(1)], Some(0)),
+            (
+                &[State { gpu: 10, queued_tokens: 10_000, tracked: tracked(80, 0, 0), ..replica(0) }, replica(1)],
+                Some(0),
+            ),
             // Active blocks the request shares are not counted twice: 10 active, all of them its own.
             (&[State { gpu: 10, tracked: tracked(0, 10, 10), ..replica(0) }, replica(1)], Some(0)),
             // Host credit 0.5: 10 - 5 = 5 against 10 - 4 = 6.
@@ -221,6 +229,47 @@ fn llmd_weighted_scorers() {
             (&[State { gpu: 10, waiting: 9, kv_used: 1_000, ..replica(0) }, replica(1)], Some(1)),
             // Host blocks count as prefix hits: 3*0.5 + 2 + 2 = 5.5 against 2 + 2 = 4.
             (&[State { host: 5, ..replica(0) }, replica(1)], Some(0)),
+        ],
+    );
+}
+
+#[test]
+fn llmd_on_the_peer_scorer_tests() {
+    // The scorer tests of kubernetes-sigs/gateway-api-inference-extension (the plugins llm-d's scheduler runs;
+    // `pkg/epp/scheduling/framework/plugins/scorer/`) under the inference-scheduling profile's weights: 3 prefix
+    // + 2 queue + 2 kv, highest wins.
+    check(
+        PolicyKind::Llmd,
+        ScoringConfig::default(),
+        &[
+            // scorer/queue_test.go "Different queue sizes": waiting 10, 5, 0 score 0, 0.5, 1 (totals 2, 3, 4).
+            (&[State { waiting: 10, ..replica(0) }, State { waiting: 5, ..replica(1) }, replica(2)], Some(2)),
+            // scorer/kvcache_utilization_test.go "Different KV cache utilization": 0.8, 0.5, 0 score 0.2, 0.5, 1.
+            (&[State { kv_used: 800, ..replica(0) }, State { kv_used: 500, ..replica(1) }, replica(2)], Some(2)),
+        ],
+    );
+    // `pkg/epp/framework/plugins/scheduling/scorer/prefix/plugin_test.go` TestPrefixPluginCompletion, fifth request
+    // ("aaaabbbbcccc", 3 blocks): endpoint1 was sent 2 of its blocks before (score 2/3), endpoint3 1 (the test
+    // asserts it for the third request, 1 of 2), endpoint2 none. The peer learns them from its own routing; here
+    // the index holds them.
+    check_blocks(
+        PolicyKind::Llmd,
+        ScoringConfig::default(),
+        3,
+        &[
+            // 3 * 2/3 + 4 = 6 against 5 and 4.
+            (&[State { gpu: 2, ..replica(0) }, replica(1), State { gpu: 1, ..replica(2) }], Some(0)),
+            // With the queue test's waiting 5, 10, 0: 2 + 1 + 2 = 5 against 0 + 0 + 2 and 0 + 2 + 2.
+            (&[State { gpu: 2, waiting: 5, ..replica(0) }, State { waiting: 10, ..replica(1) }, replica(2)], Some(0)),
+            // The queue and KV tests' worst values on the holders: 2 + 0 + 0.4 = 2.4, 1 + 1 + 1 = 3, 0 + 2 + 2 = 4.
+            (
+                &[
+                    State { gpu: 2, waiting: 10, kv_used: 800, ..replica(0) },
+                    State { gpu: 1, waiting: 5, kv_used: 500, ..replica(1) },
+                    replica(2),
+                ],
+                Some(2),
+            ),
         ],
     );
 }
@@ -270,6 +319,58 @@ fn prefix_hash_is_sticky_spreads_and_overflows_when_loaded() {
     assert_eq!(decision.rule, "bounded_load_overflow");
 }
 
+/// The replicas in the order the ring walks them from the key of `hashes`, its owner first.
+fn ring_order(hashes: &[BlockHash], config: &ScoringConfig, count: ReplicaId) -> Vec<ReplicaId> {
+    let states: Vec<State> = (0..count).map(replica).collect();
+    let mut policy = Policy::new(PolicyKind::PrefixHash, config.clone());
+    let decision = route(&mut policy, hashes, &states, &mut SplitMix64::new(1));
+    let mut order: Vec<(f64, ReplicaId)> =
+        decision.candidates.iter().map(|line| (line.policy_score, line.replica)).collect();
+    order.sort_by(|a, b| a.0.total_cmp(&b.0));
+    order.into_iter().map(|(_, id)| id).collect()
+}
+
+#[test]
+fn prefix_hash_on_the_peer_tests() {
+    let config = ScoringConfig::default();
+    let hashes = prompt(6, 0);
+    let order = ring_order(&hashes, &config, 4);
+    let with_loads = |loads: [u32; 4]| -> Vec<State> {
+        let mut states: Vec<State> = (0..4).map(replica).collect();
+        for (rank, load) in loads.into_iter().enumerate() {
+            states[usize::from(order[rank])].running = load;
+        }
+        states
+    };
+    // sgl-project/sglang sgl-model-gateway src/policies/prefix_hash.rs test_load_ok_calculation: load factor 1.25,
+    // 100 in flight over 4 workers, a worker with 30 is within the bound and one with 35 is not (here the capacity
+    // is ceil(1.25 * 101 / 4) = 32). Loads by ring rank, owner first; the overflow row leaves one replica within
+    // the bound, so the peer's least-loaded pick and the ring walk agree (KubeAI's `chwblLoadOK`, `L + 1 <= 31.56`,
+    // makes the same two choices).
+    for (loads, expected, rule) in
+        [([30, 30, 30, 10], order[0], "ring_owner"), ([35, 32, 32, 1], order[3], "bounded_load_overflow")]
+    {
+        let mut policy = Policy::new(PolicyKind::PrefixHash, config.clone());
+        let decision = route(&mut policy, &hashes, &with_loads(loads), &mut SplitMix64::new(2));
+        assert_eq!((decision.chosen, decision.rule), (Some(expected), rule), "loads {loads:?} by ring rank");
+    }
+
+    // test_shared_prefix_routes_same: with prefix_token_count 5, prompts that share their first 5 tokens and differ
+    // after them go to the same worker; here 5 leading blocks.
+    let config = ScoringConfig { prefix_hash_blocks: 5, ..Default::default() };
+    let states: Vec<State> = (0..3).map(replica).collect();
+    let block = DEFAULT_BLOCK_SIZE as usize;
+    let head: Vec<u32> = (0..5 * block as u32).collect();
+    let hashes_with_tail = |tail: u32| {
+        let tokens: Vec<u32> = head.iter().copied().chain((0..3 * block as u32).map(|i| tail + i)).collect();
+        BlockHasher::new(DEFAULT_BLOCK_SIZE, "m", b"").hashes(&tokens)
+    };
+    let mut policy = Policy::new(PolicyKind::PrefixHash, config);
+    let mut rng = SplitMix64::new(3);
+    let first = route(&mut policy, &hashes_with_tail(100), &states, &mut rng).chosen;
+    assert_eq!(route(&mut policy, &hashes_with_tail(999), &states, &mut rng).chosen, first);
+}
+
 #[test]
 fn prefix_hash_uses_the_session_key_without_full_blocks() {
     let states: Vec<State> = (0..4).map(replica).collect();
@@ -317,6 +418,49 @@ fn approx_radix_follows_its_own_history_within_balance_thresholds() {
     let followed = route(&mut policy, &system, &indexed, &mut rng);
     assert_eq!(followed.rule, "history_match");
     assert_ne!(followed.chosen, Some((owner + 1) % 3));
+}
+
+#[test]
+fn approx_radix_on_sglang_routers_tests() {
+    // sgl-project/sglang sgl-model-gateway src/policies/cache_aware.rs tests; one block per character of their
+    // prompts, the router's in-flight requests as the replicas' running requests.
+    let mut rng = SplitMix64::new(5);
+
+    // test_cache_aware_with_imbalanced_load: thresholds 0.5, 5 and 2.0, loads 20 and 0: "test" goes to worker 2,
+    // five times over.
+    let config = ScoringConfig {
+        radix_cache_threshold: 0.5,
+        radix_balance_abs_threshold: 5,
+        radix_balance_rel_threshold: 2.0,
+        ..Default::default()
+    };
+    let states = [State { running: 20, ..replica(0) }, replica(1)];
+    let mut policy = Policy::new(PolicyKind::ApproxRadix, config);
+    let test = prompt(4, 1);
+    for _ in 0..5 {
+        let decision = route(&mut policy, &test, &states, &mut rng);
+        assert_eq!((decision.chosen, decision.rule), (Some(1), "imbalanced_least_loaded"));
+    }
+
+    // test_cache_aware_with_balanced_load: defaults; "hello world" twice, then "hello" (its prefix, match rate 1),
+    // all to the same worker.
+    let states = [replica(0), replica(1)];
+    let mut policy = Policy::from_name("approx_radix").unwrap();
+    let hello_world = prompt(11, 2);
+    let first = route(&mut policy, &hello_world, &states, &mut rng).chosen;
+    assert!(first.is_some());
+    assert_eq!(route(&mut policy, &hello_world, &states, &mut rng).chosen, first);
+    assert_eq!(route(&mut policy, &hello_world[..5], &states, &mut rng).chosen, first);
+
+    // test_cache_aware_worker_removal: "test1" and "test2" routed, then worker 1 removed and unhealthy: "test1"
+    // goes to worker 2.
+    let mut policy = Policy::from_name("approx_radix").unwrap();
+    let (test1, test2) = (prompt(5, 3), prompt(5, 4));
+    route(&mut policy, &test1, &states, &mut rng);
+    route(&mut policy, &test2, &states, &mut rng);
+    policy.forget_replica(0);
+    let without_first = [State { healthy: false, ..replica(0) }, replica(1)];
+    assert_eq!(route(&mut policy, &test1, &without_first, &mut rng).chosen, Some(1));
 }
 
 #[test]

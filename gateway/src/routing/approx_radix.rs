@@ -1,10 +1,14 @@
-//! `approx_radix`: SGLang's cache-aware router as a baseline (sglang-router 0.3.2, the `smg` gateway's
-//! `cache_aware` policy, with its defaults: cache threshold 0.3, balance thresholds 64 and 1.5; see
-//! `ScoringConfig`). It guesses what each replica holds from this gateway's own routing history, not from
-//! events. When loads are imbalanced (`max - min > abs` and `max > rel * min`)
-//! it takes the least loaded replica; otherwise the replica with the longest
-//! remembered prefix when its match ratio exceeds the cache threshold, else the
-//! replica with the smallest history.
+//! `approx_radix`: SGLang's cache-aware router as a baseline: the `cache_aware` policy of sglang-router 0.3.2
+//! (PyPI; the `smg` gateway, sgl-project/sglang `sgl-model-gateway/src/policies/cache_aware.rs`, its approximate
+//! tree in `policies/tree.rs`), with the defaults `smg launch --help` prints: cache threshold 0.3, balance
+//! thresholds 64 and 1.5 (see `ScoringConfig`); the peer also trims each worker's tree to 2^26 characters every
+//! 60 s. It guesses what each replica holds from this gateway's own routing history, not from events. When loads
+//! are imbalanced (`max - min > abs` and `max > rel * min`) it takes the least loaded replica; otherwise the
+//! replica with the longest remembered prefix when that prefix's share of the prompt exceeds the cache threshold,
+//! else the replica with the smallest history. The peer matches characters of the request text where this
+//! matches blocks, counts its own in-flight requests as a worker's load where this reads waiting plus running,
+//! and below the threshold 0.3.2 takes the least loaded worker, not the smallest tree (its rule before
+//! December 2025).
 //!
 //! The tree is keyed by chained block hashes: a block's hash names its whole
 //! prefix, so the map from hash to holders is exactly a trie of blocks. It is

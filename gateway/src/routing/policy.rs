@@ -228,11 +228,18 @@ fn dynamo(
     Decision { candidates: lines, ..decision(PolicyKind::Dynamo, chosen, "lowest_logit", replicas) }
 }
 
-/// llm-d's default scheduler profile: `3 * prefix + 2 * queue + 2 * kv`, where
-/// prefix is the fraction of request blocks the replica holds (gpu or host),
-/// queue is min-max normalised waiting requests (fewer is better, 1 when all
-/// equal) and kv is `1 - usage`. Highest wins (its score is negated so that
-/// lower is better, like every policy score); exact ties by RNG.
+/// llm-d's inference scheduler with the default profile of llm-d/llm-d's inference-scheduling guide
+/// (`guides/inference-scheduling/scheduler/inference-scheduling.values.yaml`; its `gaie-inference-scheduling`
+/// values run llm-d-inference-scheduler v0.5.0) and of kubernetes-sigs/gateway-api-inference-extension's
+/// `default-plugins.yaml` (`config/charts/inferencepool/templates/epp-config.yaml`): `3 * prefix + 2 * queue +
+/// 2 * kv`, each scorer in [0, 1], and the default `max-score-picker` (highest sum, ties by a shuffle). The
+/// scorers are gateway-api-inference-extension's (`pkg/epp/scheduling/framework/plugins/`): `prefix-cache-scorer`
+/// (`multi/prefix/plugin.go`) the request's leading blocks the replica holds over its blocks, here gpu and host
+/// blocks from the index (the peer's come from its own routing history, an LRU per pod, and it counts at most
+/// `maxPrefixBlocksToMatch` 256 blocks); `queue-scorer` (`scorer/queue.go`) `(max - waiting) / (max - min)` over
+/// the candidates, 1 when all are equal; `kv-cache-utilization-scorer` (`scorer/kvcache_utilization.go`)
+/// `1 - usage`. Highest wins (its score is negated so that lower is better, like every policy score); exact ties
+/// by RNG.
 fn llmd(
     request: &RouteRequest<'_>,
     replicas: &[ReplicaView],

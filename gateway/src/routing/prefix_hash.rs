@@ -1,7 +1,15 @@
-//! `prefix_hash`: consistent hashing of the prompt's leading blocks with
-//! bounded loads (Mirrokni, Thorup and Zadimoghaddam 2018): walk the ring from
-//! the key and take the first eligible replica whose in-flight requests stay
-//! within `ceil(c * (total + 1) / replicas)`.
+//! `prefix_hash`: consistent hashing of the prompt's leading blocks with bounded loads (Mirrokni, Thorup and
+//! Zadimoghaddam, SODA 2018): walk the ring from the key and take the first eligible replica whose in-flight
+//! requests (waiting plus running) are below `ceil(c * (total + 1) / replicas)`, else the least loaded. The key is
+//! the chain hash of the last of the first `prefix_hash_blocks` (4) full blocks; each replica has
+//! `prefix_hash_virtual_nodes` (160, as vllm-router's `consistent_hash`) ring points; c is
+//! `prefix_hash_load_factor` (1.25). Routers with this policy: KubeAI's `PrefixHash` strategy
+//! (substratusai/kubeai `internal/loadbalancer/balance_chwbl.go`, defaults in `api/v1/model_types.go`: 125 %, 256
+//! ring points, the first 100 characters) walks the ring the same way but admits a load `L` only when
+//! `L + 1 <= c * (total + 1) / n`, and keeps the owner when none qualifies; sglang-router 0.3.2's `prefix_hash`
+//! (sgl-project/sglang `sgl-model-gateway/src/policies/prefix_hash.rs`: the first 256 tokens, 1.25, 150 ring
+//! points) admits `L <= c * (total + 1) / n` and past the owner takes the least loaded worker within the bound
+//! instead of walking on.
 
 use super::ReplicaId;
 use super::index::LookupResult;
