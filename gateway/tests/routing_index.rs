@@ -1,7 +1,7 @@
 //! The prefix index as data: events in, per-replica tier runs out.
 #![allow(clippy::unwrap_used)]
 
-use kvroute_gateway::routing::scoring::cache_aware;
+use kvroute_gateway::routing::cache_aware::cache_aware;
 use kvroute_gateway::routing::{
     IndexConfig, IndexError, PrefixIndex, ReplicaId, ReplicaMatch, ReplicaView, RouteRequest, ScoringConfig, SplitMix64,
 };
@@ -218,7 +218,7 @@ fn idle_view(id: ReplicaId) -> ReplicaView {
         },
         block_size: DEFAULT_BLOCK_SIZE,
         bytes_per_block: 2 << 20,
-                tracked: Default::default(),
+        tracked: Default::default(),
     }
 }
 

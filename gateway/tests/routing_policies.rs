@@ -275,17 +275,30 @@ fn llmd_on_the_peer_scorer_tests() {
 }
 
 #[test]
-fn prefix_hash_is_sticky_spreads_and_overflows_when_loaded() {
+fn llmd_counts_at_most_256_prefix_blocks() {
+    // gateway-api-inference-extension's prefix plugin matches at most maxPrefixBlocksToMatch = 256 blocks: a
+    // 512-block prompt whose first 256 blocks replica 0 holds scores it 3 * 1 + 2 * 0 + 2 = 5 with 2 waiting
+    // there, against 0 + 2 + 2 = 4 for the idle replica (over all 512 blocks it would be 1.5 + 0 + 2 = 3.5).
+    check_blocks(
+        PolicyKind::Llmd,
+        ScoringConfig::default(),
+        512,
+        &[(&[State { gpu: 256, waiting: 2, ..replica(0) }, replica(1)], Some(0))],
+    );
+}
+
+#[test]
+fn prefix_hash_is_sticky_on_the_first_256_tokens_and_spreads() {
     let states: Vec<State> = (0..4).map(replica).collect();
     let mut policy = Policy::from_name("prefix_hash").unwrap();
     let mut rng = SplitMix64::new(3);
     let mut owners = HashMap::new();
+    // 20-block prompts (320 tokens): their first 256 tokens are 16 whole blocks.
     for variant in 0..400 {
-        let hashes = prompt(6, variant);
+        let hashes = prompt(20, variant);
         let first = route(&mut policy, &hashes, &states, &mut rng).chosen.unwrap();
         assert_eq!(route(&mut policy, &hashes, &states, &mut rng).chosen, Some(first), "sticky");
-        // Only the leading blocks matter.
-        assert_eq!(route(&mut policy, &hashes[..4], &states, &mut rng).chosen, Some(first));
+        assert_eq!(route(&mut policy, &hashes[..16], &states, &mut rng).chosen, Some(first), "256 tokens decide");
         owners.insert(variant, first);
     }
     let mut counts = [0usize; 4];
@@ -297,67 +310,56 @@ fn prefix_hash_is_sticky_spreads_and_overflows_when_loaded() {
     // Removing one replica moves only the prompts it owned.
     let three: Vec<State> = (0..3).map(replica).collect();
     for (variant, owner) in &owners {
-        let now = route(&mut policy, &prompt(6, *variant), &three, &mut rng).chosen.unwrap();
+        let now = route(&mut policy, &prompt(20, *variant), &three, &mut rng).chosen.unwrap();
         if *owner != 3 {
             assert_eq!(now, *owner, "prompt {variant} moved");
         }
     }
-
-    // Bounded load: in-flight 12 over 4 replicas gives capacity ceil(1.25 * 13 / 4) = 5.
-    let hashes = prompt(6, 0);
-    let owner = owners[&0];
-    let mut loaded = states.clone();
-    loaded[usize::from(owner)].running = 5;
-    for (i, state) in loaded.iter_mut().enumerate() {
-        if i != usize::from(owner) {
-            state.running = 2;
-        }
-    }
-    loaded[(usize::from(owner) + 1) % 4].running = 3;
-    let decision = route(&mut policy, &hashes, &loaded, &mut rng);
-    assert_ne!(decision.chosen, Some(owner));
-    assert_eq!(decision.rule, "bounded_load_overflow");
 }
 
-/// The replicas in the order the ring walks them from the key of `hashes`, its owner first.
-fn ring_order(hashes: &[BlockHash], config: &ScoringConfig, count: ReplicaId) -> Vec<ReplicaId> {
-    let states: Vec<State> = (0..count).map(replica).collect();
-    let mut policy = Policy::new(PolicyKind::PrefixHash, config.clone());
-    let decision = route(&mut policy, hashes, &states, &mut SplitMix64::new(1));
-    let mut order: Vec<(f64, ReplicaId)> =
-        decision.candidates.iter().map(|line| (line.policy_score, line.replica)).collect();
-    order.sort_by(|a, b| a.0.total_cmp(&b.0));
-    order.into_iter().map(|(_, id)| id).collect()
+/// Routes a 20-block prompt once to 4 idle replicas to find its owner, then again with `owner_load` requests on
+/// the owner and `others` on the other three, in id order. Returns the owner and the decision.
+fn prefix_hash_with_loads(owner_load: u32, others: [u32; 3]) -> (ReplicaId, Decision) {
+    let hashes = prompt(20, 0);
+    let idle: Vec<State> = (0..4).map(replica).collect();
+    let owner =
+        route(&mut Policy::from_name("prefix_hash").unwrap(), &hashes, &idle, &mut SplitMix64::new(1)).chosen.unwrap();
+    let mut loaded = idle.clone();
+    let mut rest = others.into_iter();
+    for state in &mut loaded {
+        state.running = if state.id == owner { owner_load } else { rest.next().unwrap() };
+    }
+    (owner, route(&mut Policy::from_name("prefix_hash").unwrap(), &hashes, &loaded, &mut SplitMix64::new(1)))
+}
+
+/// The replica after `owner` in id order that got the `nth` of the other loads.
+fn other(owner: ReplicaId, nth: usize) -> ReplicaId {
+    (0..4).filter(|&id| id != owner).nth(nth).unwrap()
+}
+
+#[test]
+fn prefix_hash_bounds_the_owners_load_as_sglang_router_does() {
+    // sgl-project/sglang sgl-model-gateway src/policies/prefix_hash.rs, test_load_ok_calculation: load factor
+    // 1.25, 100 in flight over 4 workers, bound 1.25 * 101 / 4 = 31.56: an owner with 30 keeps the request...
+    let (owner, decision) = prefix_hash_with_loads(30, [30, 30, 10]);
+    assert_eq!((decision.chosen, decision.rule), (Some(owner), "ring_owner"));
+    // ...one with 35 does not: the least loaded replica within the bound takes it (the one with 5), not the
+    // next on the ring.
+    let (owner, decision) = prefix_hash_with_loads(35, [20, 40, 5]);
+    assert_eq!((decision.chosen, decision.rule), (Some(other(owner, 2)), "bounded_load_overflow"));
+    // The bound is inclusive: 15 in flight, 1.25 * 16 / 4 = 5, and an owner with 5 keeps it.
+    let (owner, decision) = prefix_hash_with_loads(5, [5, 5, 0]);
+    assert_eq!((decision.chosen, decision.rule), (Some(owner), "ring_owner"));
+    // Among equals within the bound, the first in replica order.
+    let (owner, decision) = prefix_hash_with_loads(40, [2, 2, 2]);
+    assert_eq!((decision.chosen, decision.rule), (Some(other(owner, 0)), "bounded_load_overflow"));
 }
 
 #[test]
 fn prefix_hash_on_the_peer_tests() {
-    let config = ScoringConfig::default();
-    let hashes = prompt(6, 0);
-    let order = ring_order(&hashes, &config, 4);
-    let with_loads = |loads: [u32; 4]| -> Vec<State> {
-        let mut states: Vec<State> = (0..4).map(replica).collect();
-        for (rank, load) in loads.into_iter().enumerate() {
-            states[usize::from(order[rank])].running = load;
-        }
-        states
-    };
-    // sgl-project/sglang sgl-model-gateway src/policies/prefix_hash.rs test_load_ok_calculation: load factor 1.25,
-    // 100 in flight over 4 workers, a worker with 30 is within the bound and one with 35 is not (here the capacity
-    // is ceil(1.25 * 101 / 4) = 32). Loads by ring rank, owner first; the overflow row leaves one replica within
-    // the bound, so the peer's least-loaded pick and the ring walk agree (KubeAI's `chwblLoadOK`, `L + 1 <= 31.56`,
-    // makes the same two choices).
-    for (loads, expected, rule) in
-        [([30, 30, 30, 10], order[0], "ring_owner"), ([35, 32, 32, 1], order[3], "bounded_load_overflow")]
-    {
-        let mut policy = Policy::new(PolicyKind::PrefixHash, config.clone());
-        let decision = route(&mut policy, &hashes, &with_loads(loads), &mut SplitMix64::new(2));
-        assert_eq!((decision.chosen, decision.rule), (Some(expected), rule), "loads {loads:?} by ring rank");
-    }
-
     // test_shared_prefix_routes_same: with prefix_token_count 5, prompts that share their first 5 tokens and differ
     // after them go to the same worker; here 5 leading blocks.
-    let config = ScoringConfig { prefix_hash_blocks: 5, ..Default::default() };
+    let config = ScoringConfig { prefix_hash_tokens: 5 * DEFAULT_BLOCK_SIZE as usize, ..Default::default() };
     let states: Vec<State> = (0..3).map(replica).collect();
     let block = DEFAULT_BLOCK_SIZE as usize;
     let head: Vec<u32> = (0..5 * block as u32).collect();
@@ -392,18 +394,21 @@ fn approx_radix_follows_its_own_history_within_balance_thresholds() {
     let mut policy = Policy::new(PolicyKind::ApproxRadix, config);
     let mut rng = SplitMix64::new(5);
     let system = prompt(10, 7);
-    // Empty history: the smallest tree (all equal, RNG), then the same prefix sticks.
+    // Empty history: nothing matches, so the least loaded (all equal, RNG); then the same prefix sticks.
     let first = route(&mut policy, &system, &states, &mut rng);
-    assert_eq!(first.rule, "smallest_history");
+    assert_eq!(first.rule, "miss_least_loaded");
     let owner = first.chosen.unwrap();
     let again = route(&mut policy, &system, &states, &mut rng);
     assert_eq!((again.chosen, again.rule), (Some(owner), "history_match"));
-    // Matching 2 of 10 blocks is under the 0.3 threshold: a replica with no history gets it.
+    // Matching 2 of 10 blocks is under the 0.3 threshold: the least loaded replica, whatever its history
+    // (sglang-router 0.3.2; the smallest tree before sgl-project/sglang#14650).
     let mut partial = system[..2].to_vec();
     partial.extend(prompt(8, 8));
-    let spread = route(&mut policy, &partial, &states, &mut rng);
-    assert_eq!(spread.rule, "smallest_history");
-    assert_ne!(spread.chosen, Some(owner));
+    let mut uneven = states.clone();
+    uneven[usize::from((owner + 1) % 3)].running = 2;
+    uneven[usize::from((owner + 2) % 3)].running = 1;
+    let miss = route(&mut policy, &partial, &uneven, &mut rng);
+    assert_eq!((miss.chosen, miss.rule), (Some(owner), "miss_least_loaded"), "the owner is the least loaded");
     // Imbalanced (10 - 0 > 4 and 10 > 1.5 * 0): the least loaded, history or not.
     let mut busy = states.clone();
     busy[usize::from(owner)].running = 10;

@@ -317,7 +317,8 @@ fn the_costs_to_others_follow_the_send_rate_the_pool_and_its_turnover() {
     assert_eq!(prediction.memory_wait_s, 0.0);
     // 40 running sequences hold 9,900 blocks and 2 finish a second (495 blocks a second); 4,000 queued
     // tokens (250 blocks) and 100 new ones against 100 free: 250 blocks short, about half a second.
-    let (full, _) = views(&[State { queued_tokens: 4_000, running: 40, kv_usage: 0.99, finish_rate: 2.0, ..replica(0) }]);
+    let (full, _) =
+        views(&[State { queued_tokens: 4_000, running: 40, kv_usage: 0.99, finish_rate: 2.0, ..replica(0) }]);
     let prediction = predict(&full[0], found, PROMPT_TOKENS, &config);
     assert!(close(prediction.memory_wait_s, 250.0 / (2.0 * 9_900.0 / 40.0)), "{prediction:?}");
     assert!(close(prediction.queue_wait_s, prediction.memory_wait_s), "the longer of the two waits");

@@ -134,9 +134,10 @@ fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(profile.num_blocks() > 0, "the KV pool holds no block");
     let mut scoring = ScoringConfig::default();
     for name in args.without.as_deref().unwrap_or("").split(',').map(str::trim).filter(|name| !name.is_empty()) {
-        scoring.terms = scoring.terms.without(name).with_context(|| {
-            format!("--without: unknown term {name:?}; one of {}", CostTerms::NAMES.join(", "))
-        })?;
+        scoring.terms = scoring
+            .terms
+            .without(name)
+            .with_context(|| format!("--without: unknown term {name:?}; one of {}", CostTerms::NAMES.join(", ")))?;
     }
     let policies = policies(&args.policy)?;
     let plan = plan(&args, &profile)?;

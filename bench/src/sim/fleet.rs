@@ -275,7 +275,14 @@ impl<'a> Fleet<'a> {
     fn arrive(&mut self, prompt: Vec<u32>, output_tokens: u32, turn: Option<(usize, usize)>) {
         let live = self.live.len();
         let record = RequestRecord { arrival_s: self.now, prompt_tokens: prompt.len(), ..RequestRecord::default() };
-        self.live.push(Live { arrival_s: self.now, first_token_s: None, record, ticket: None, turn, generated: Vec::new() });
+        self.live.push(Live {
+            arrival_s: self.now,
+            first_token_s: None,
+            record,
+            ticket: None,
+            turn,
+            generated: Vec::new(),
+        });
         let hashes = self.hasher.hashes(&prompt);
         let lookup = self.index.lookup(&hashes, self.now_ms());
         let mut views: Vec<ReplicaView> = (0..self.replicas.len()).map(|id| self.view(id, &hashes)).collect();

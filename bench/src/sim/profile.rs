@@ -64,12 +64,20 @@ pub struct PolynomialTiming {
 
 impl PolynomialTiming {
     /// Keys of a profile that gives polynomial timing: all of them, or none.
-    const KEYS: [&str; 7] =
-        ["prefill_ms_n2", "prefill_ms_n1", "prefill_ms_n0", "decode_ms_p2", "decode_ms_p1", "decode_ms_p0", "decode_ms_min"];
+    const KEYS: [&str; 7] = [
+        "prefill_ms_n2",
+        "prefill_ms_n1",
+        "prefill_ms_n0",
+        "decode_ms_p2",
+        "decode_ms_p1",
+        "decode_ms_p0",
+        "decode_ms_min",
+    ];
 
     fn seconds(&self, prefill_tokens: f64, decode_context_fraction: Option<f64>) -> f64 {
         let [n2, n1, n0] = self.prefill_ms;
-        let prefill = if prefill_tokens > 0.0 { n2 * prefill_tokens * prefill_tokens + n1 * prefill_tokens + n0 } else { 0.0 };
+        let prefill =
+            if prefill_tokens > 0.0 { n2 * prefill_tokens * prefill_tokens + n1 * prefill_tokens + n0 } else { 0.0 };
         let decode = decode_context_fraction.map_or(0.0, |p| {
             let [p2, p1, p0] = self.decode_ms;
             (p2 * p * p + p1 * p + p0).max(self.decode_min_ms)

@@ -5,10 +5,9 @@
 //! 60 s. It guesses what each replica holds from this gateway's own routing history, not from events. When loads
 //! are imbalanced (`max - min > abs` and `max > rel * min`) it takes the least loaded replica; otherwise the
 //! replica with the longest remembered prefix when that prefix's share of the prompt exceeds the cache threshold,
-//! else the replica with the smallest history. The peer matches characters of the request text where this
-//! matches blocks, counts its own in-flight requests as a worker's load where this reads waiting plus running,
-//! and below the threshold 0.3.2 takes the least loaded worker, not the smallest tree (its rule before
-//! December 2025).
+//! else the least loaded replica (0.3.2's rule since sgl-project/sglang#14650, December 2025; before it, the
+//! worker with the smallest tree). The peer matches characters of the request text where this matches blocks,
+//! and counts its own in-flight requests as a worker's load where this reads waiting plus running.
 //!
 //! The tree is keyed by chained block hashes: a block's hash names its whole
 //! prefix, so the map from hash to holders is exactly a trie of blocks. It is
@@ -183,13 +182,10 @@ impl RadixHistory {
                     .collect();
                 (least_loaded_index(&holders, replicas, rng), "history_match")
             } else {
-                let smallest = eligible.iter().map(|&index| self.size_of(replicas[index].id)).min().unwrap_or(0);
-                for &index in &eligible {
-                    lines[index].policy_score = self.size_of(replicas[index].id) as f64;
+                for (line, view) in lines.iter_mut().zip(replicas) {
+                    line.policy_score = view.requests() as f64;
                 }
-                let tied: Vec<usize> =
-                    eligible.iter().copied().filter(|&index| self.size_of(replicas[index].id) == smallest).collect();
-                (Some(tied[rng.below(tied.len())]), "smallest_history")
+                (least_loaded_index(&eligible, replicas, rng), "miss_least_loaded")
             }
         };
         decision.chosen = chosen.map(|index| replicas[index].id);

@@ -17,8 +17,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kvroute_proto::block_hash::BlockHashMap;
 use kvroute_proto::BlockHash;
+use kvroute_proto::block_hash::BlockHashMap;
 use kvroute_proto::domain::LoadStats;
 
 use super::{Millis, ReplicaId};
@@ -118,7 +118,13 @@ impl LoadLedger {
 
     /// Counts a request sent to `replica` at `now` with `uncached_tokens` prompt tokens to compute there and
     /// the prompt's full `blocks`.
-    pub fn sent(&mut self, replica: ReplicaId, uncached_tokens: u64, blocks: Arc<[BlockHash]>, now: Millis) -> SendTicket {
+    pub fn sent(
+        &mut self,
+        replica: ReplicaId,
+        uncached_tokens: u64,
+        blocks: Arc<[BlockHash]>,
+        now: Millis,
+    ) -> SendTicket {
         let serial = self.next_serial;
         self.next_serial += 1;
         let entry = self.replicas.entry(replica).or_default();
@@ -376,7 +382,11 @@ mod tests {
         assert_eq!(ledger.tracked(4, &[], 5).prefill_tokens, 16);
         ledger.reported(4, 1, &load(0, 0), 2, &[0], 6);
         let tracked = ledger.tracked(4, &blocks(&[1, 2, 3, 9]), 6);
-        assert_eq!((tracked.active_blocks, tracked.request_active_blocks), (3, 2), "blocks 1 and 2 stay with the second");
+        assert_eq!(
+            (tracked.active_blocks, tracked.request_active_blocks),
+            (3, 2),
+            "blocks 1 and 2 stay with the second"
+        );
         ledger.abandoned(second);
         let tracked = ledger.tracked(4, &blocks(&[1]), 6);
         assert_eq!((tracked.prefill_tokens, tracked.active_blocks, tracked.request_active_blocks), (0, 0, 0));

@@ -4,11 +4,11 @@
 
 use super::ReplicaId;
 use super::approx_radix::RadixHistory;
+use super::cache_aware::cache_aware;
 use super::index::LookupResult;
 use super::policy_kind::{PolicyKind, UnknownPolicy};
 use super::prefix_hash::HashRing;
 use super::rng::RandomSource;
-use super::cache_aware::cache_aware;
 use super::scoring::{Decision, ReplicaView, RouteRequest, ScoringConfig, candidates, lowest_then_random};
 
 /// A policy with its state: the round-robin position, the hash ring, the
@@ -228,6 +228,9 @@ fn dynamo(
     Decision { candidates: lines, ..decision(PolicyKind::Dynamo, chosen, "lowest_logit", replicas) }
 }
 
+/// llm-d's prefix scorer counts at most this many leading blocks (`maxPrefixBlocksToMatch`).
+const LLMD_MAX_PREFIX_BLOCKS: usize = 256;
+
 /// llm-d's inference scheduler with the default profile of llm-d/llm-d's inference-scheduling guide
 /// (`guides/inference-scheduling/scheduler/inference-scheduling.values.yaml`; its `gaie-inference-scheduling`
 /// values run llm-d-inference-scheduler v0.5.0) and of kubernetes-sigs/gateway-api-inference-extension's
@@ -235,8 +238,8 @@ fn dynamo(
 /// 2 * kv`, each scorer in [0, 1], and the default `max-score-picker` (highest sum, ties by a shuffle). The
 /// scorers are gateway-api-inference-extension's (`pkg/epp/scheduling/framework/plugins/`): `prefix-cache-scorer`
 /// (`multi/prefix/plugin.go`) the request's leading blocks the replica holds over its blocks, here gpu and host
-/// blocks from the index (the peer's come from its own routing history, an LRU per pod, and it counts at most
-/// `maxPrefixBlocksToMatch` 256 blocks); `queue-scorer` (`scorer/queue.go`) `(max - waiting) / (max - min)` over
+/// blocks from the index (the peer's come from its own routing history, an LRU per pod), both counted up to
+/// `maxPrefixBlocksToMatch`, 256 blocks; `queue-scorer` (`scorer/queue.go`) `(max - waiting) / (max - min)` over
 /// the candidates, 1 when all are equal; `kv-cache-utilization-scorer` (`scorer/kvcache_utilization.go`)
 /// `1 - usage`. Highest wins (its score is negated so that lower is better, like every policy score); exact ties
 /// by RNG.
@@ -252,13 +255,11 @@ fn llmd(
     let eligible: Vec<usize> = (0..replicas.len()).filter(|&index| lines[index].excluded.is_none()).collect();
     let most = eligible.iter().map(|&index| waiting(index)).fold(f64::NEG_INFINITY, f64::max);
     let least = eligible.iter().map(|&index| waiting(index)).fold(f64::INFINITY, f64::min);
-    let request_blocks = request.hashes.len();
+    let request_blocks = request.hashes.len().min(LLMD_MAX_PREFIX_BLOCKS);
     for (index, line) in lines.iter_mut().enumerate() {
-        let prefix = if request_blocks == 0 {
-            0.0
-        } else {
-            f64::from(line.gpu_blocks + line.host_blocks) / request_blocks as f64
-        };
+        let held = usize::try_from(line.gpu_blocks + line.host_blocks).unwrap_or(usize::MAX);
+        let prefix =
+            if request_blocks == 0 { 0.0 } else { held.min(LLMD_MAX_PREFIX_BLOCKS) as f64 / request_blocks as f64 };
         let queue = if most > least { (most - waiting(index)) / (most - least) } else { 1.0 };
         let kv = 1.0 - replicas[index].load.kv_usage();
         let total = config.llmd_prefix_weight * prefix + config.llmd_queue_weight * queue + config.llmd_kv_weight * kv;

@@ -1,15 +1,15 @@
-//! `prefix_hash`: consistent hashing of the prompt's leading blocks with bounded loads (Mirrokni, Thorup and
-//! Zadimoghaddam, SODA 2018): walk the ring from the key and take the first eligible replica whose in-flight
-//! requests (waiting plus running) are below `ceil(c * (total + 1) / replicas)`, else the least loaded. The key is
-//! the chain hash of the last of the first `prefix_hash_blocks` (4) full blocks; each replica has
-//! `prefix_hash_virtual_nodes` (160, as vllm-router's `consistent_hash`) ring points; c is
-//! `prefix_hash_load_factor` (1.25). Routers with this policy: KubeAI's `PrefixHash` strategy
-//! (substratusai/kubeai `internal/loadbalancer/balance_chwbl.go`, defaults in `api/v1/model_types.go`: 125 %, 256
-//! ring points, the first 100 characters) walks the ring the same way but admits a load `L` only when
-//! `L + 1 <= c * (total + 1) / n`, and keeps the owner when none qualifies; sglang-router 0.3.2's `prefix_hash`
-//! (sgl-project/sglang `sgl-model-gateway/src/policies/prefix_hash.rs`: the first 256 tokens, 1.25, 150 ring
-//! points) admits `L <= c * (total + 1) / n` and past the owner takes the least loaded worker within the bound
-//! instead of walking on.
+//! `prefix_hash`: sglang-router 0.3.2's `prefix_hash` policy (sgl-project/sglang
+//! `sgl-model-gateway/src/policies/prefix_hash.rs`, its ring in `core/`): consistent hashing of the prompt's
+//! first `prefix_hash_tokens` (256) tokens with bounded loads. The key's owner on the ring (150 points per
+//! replica) takes the request while its load `L` is at most `c * (total + 1) / replicas` (c =
+//! `prefix_hash_load_factor`, 1.25; no load at all is always within); otherwise the least loaded replica within
+//! that bound (the first of equals, in replica order); when none is within it, the owner anyway. Load is a
+//! replica's waiting plus running requests (the peer counts its own in-flight requests). The peer hashes the
+//! first 256 tokens with xxh3, partial blocks included; here the key is the chain hash of the last whole block
+//! among them, which names the same prefix, and a prompt without a whole block uses its session key (the peer
+//! routes a request without tokens nowhere). KubeAI's `PrefixHash` (substratusai/kubeai
+//! `internal/loadbalancer/balance_chwbl.go`: 125%, 256 ring points, the first 100 characters) bounds the load
+//! the same way but walks the ring past an overloaded owner.
 
 use super::ReplicaId;
 use super::index::LookupResult;
@@ -48,14 +48,23 @@ impl HashRing {
         replicas.len() == self.members.len() && replicas.iter().all(|view| self.members.binary_search(&view.id).is_ok())
     }
 
-    /// The ring key of a request: the hash of its last leading block (a chain
-    /// hash names the whole prefix), else its session key.
-    fn key(request: &RouteRequest<'_>, config: &ScoringConfig) -> Option<u64> {
-        let leading = request.hashes.len().min(config.prefix_hash_blocks.max(1));
+    /// The ring key of a request: the hash of the last whole block within its first `prefix_hash_tokens`
+    /// tokens (a chain hash names the whole prefix), else its session key.
+    fn key(request: &RouteRequest<'_>, block_size: u32, config: &ScoringConfig) -> Option<u64> {
+        let leading = request.hashes.len().min((config.prefix_hash_tokens / block_size.max(1) as usize).max(1));
         match leading.checked_sub(1) {
             Some(last) => Some(request.hashes[last].low_u64()),
             None => request.session_key.map(mix64),
         }
+    }
+
+    /// The ring's owner of `key` among the `eligible` indices of `replicas`.
+    fn owner(&self, key: u64, replicas: &[ReplicaView], eligible: &[usize]) -> Option<usize> {
+        let start = self.points.partition_point(|&(position, _)| position < key);
+        (0..self.points.len()).find_map(|step| {
+            let (_, id) = self.points[(start + step) % self.points.len()];
+            eligible.iter().copied().find(|&index| replicas[index].id == id)
+        })
     }
 
     pub fn decide(
@@ -78,7 +87,9 @@ impl HashRing {
             decision.candidates = lines;
             return decision;
         }
-        let Some(key) = HashRing::key(request, config) else {
+        let block_size = replicas[eligible[0]].block_size;
+        let key = HashRing::key(request, block_size, config);
+        let Some(owner) = key.and_then(|key| self.owner(key, replicas, &eligible)) else {
             let chosen = least_loaded_index(&eligible, replicas, rng);
             for line in &mut lines {
                 line.policy_score = 0.0;
@@ -89,34 +100,29 @@ impl HashRing {
             return decision;
         };
         let total: u64 = eligible.iter().map(|&index| replicas[index].requests()).sum();
-        let capacity = (config.prefix_hash_load_factor * (total + 1) as f64 / eligible.len() as f64).ceil() as u64;
-        let start = self.points.partition_point(|&(position, _)| position < key);
-        // Walk order of distinct eligible replicas from the key.
-        let mut order: Vec<usize> = Vec::with_capacity(eligible.len());
-        for step in 0..self.points.len() {
-            let (_, id) = self.points[(start + step) % self.points.len()];
-            if let Some(&index) = eligible.iter().find(|&&index| replicas[index].id == id)
-                && !order.contains(&index)
-            {
-                order.push(index);
-                if order.len() == eligible.len() {
-                    break;
-                }
-            }
-        }
-        let first_fit = order.iter().position(|&index| replicas[index].requests() < capacity);
+        let bound = config.prefix_hash_load_factor * (total + 1) as f64 / eligible.len() as f64;
+        let within = |index: usize| total == 0 || replicas[index].requests() as f64 <= bound;
         for line in &mut lines {
             line.policy_score = f64::INFINITY;
         }
-        for (rank, &index) in order.iter().enumerate() {
-            let over = replicas[index].requests() >= capacity;
-            lines[index].policy_score = rank as f64 + if over { order.len() as f64 } else { 0.0 };
+        for &index in &eligible {
+            lines[index].policy_score = if index == owner { 0.0 } else { 1.0 + replicas[index].requests() as f64 }
+                + if within(index) { 0.0 } else { 1e12 };
         }
-        let (chosen, rule) = match first_fit {
-            Some(0) => (Some(order[0]), "ring_owner"),
-            Some(rank) => (Some(order[rank]), "bounded_load_overflow"),
-            None => (least_loaded_index(&eligible, replicas, rng), "all_over_capacity_least_loaded"),
+        let (chosen, rule) = if within(owner) {
+            (owner, "ring_owner")
+        } else {
+            match eligible
+                .iter()
+                .copied()
+                .filter(|&index| within(index))
+                .min_by_key(|&index| replicas[index].requests())
+            {
+                Some(index) => (index, "bounded_load_overflow"),
+                None => (owner, "all_over_the_bound_owner"),
+            }
         };
+        let chosen = Some(chosen);
         decision.chosen = chosen.map(|index| replicas[index].id);
         decision.rule = rule;
         decision.candidates = lines;

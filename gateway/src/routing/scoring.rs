@@ -98,10 +98,10 @@ pub struct ScoringConfig {
     pub default_host_bytes_per_second: f64,
     /// Used until a replica reports its network-tier read bandwidth.
     pub default_network_bytes_per_second: f64,
-    /// `prefix_hash`: leading blocks that form the key.
-    pub prefix_hash_blocks: usize,
-    /// `prefix_hash`: bounded-load factor c (a replica takes at most
-    /// `ceil(c * (in-flight + 1) / replicas)` requests before overflowing).
+    /// `prefix_hash`: leading tokens that form the key (whole blocks of them).
+    pub prefix_hash_tokens: usize,
+    /// `prefix_hash`: bounded-load factor c (a replica whose requests exceed `c * (in-flight + 1) / replicas`
+    /// overflows).
     pub prefix_hash_load_factor: f64,
     /// `prefix_hash`: ring points per replica.
     pub prefix_hash_virtual_nodes: usize,
@@ -134,9 +134,11 @@ impl Default for ScoringConfig {
             default_prefill_tokens_per_second: 5_000.0,
             default_host_bytes_per_second: 10e9,
             default_network_bytes_per_second: 1e9,
-            prefix_hash_blocks: 4,
+            // sglang-router 0.3.2's `prefix_hash` (its PrefixHashConfig and HashRing): the first 256 tokens,
+            // 1.25, 150 ring points per worker.
+            prefix_hash_tokens: 256,
             prefix_hash_load_factor: 1.25,
-            prefix_hash_virtual_nodes: 160,
+            prefix_hash_virtual_nodes: 150,
             // sglang-router 0.3.2's defaults (`smg launch --help`): --cache-threshold 0.3,
             // --balance-abs-threshold 64, --balance-rel-threshold 1.5.
             radix_cache_threshold: 0.3,
@@ -370,7 +372,8 @@ fn new_blocks(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize) -> 
 /// sequences release blocks (its finishing rate times the blocks each holds). 0 while a figure is unknown.
 fn memory_wait_s(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize) -> f64 {
     let load = &view.load;
-    let needed = load.queued_prefill_tokens / u64::from(view.block_size.max(1)) + new_blocks(view, found, prompt_tokens);
+    let needed =
+        load.queued_prefill_tokens / u64::from(view.block_size.max(1)) + new_blocks(view, found, prompt_tokens);
     let free = load.kv_blocks_total.saturating_sub(load.kv_blocks_used);
     if needed <= free || load.running_requests == 0 || load.kv_blocks_total == 0 {
         return 0.0;
