@@ -15,7 +15,7 @@ use crate::doctor_thread::{DoctorThread, DoctorTicket, Traffic};
 use crate::metrics;
 use crate::routing::{
     CandidateScore, Decision, Exclusion, IndexConfig, LoadLedger, LookupResult, Millis, Policy, PrefixIndex,
-    PrefixSketch, ReplicaView, RouteRequest, SendTicket, SketchConfig, SplitMix64, fill_unmeasured_rates,
+    PrefixSketch, ReplicaView, RouteRequest, SendTicket, SketchConfig, SplitMix64, fleet_rates,
 };
 use crate::upstream::{IndexSink, Pool, ReplicaId};
 
@@ -116,7 +116,7 @@ impl Router {
     }
 
     /// Replica views for scoring: each replica's load from the ledger (its latest report and the requests
-    /// sent that the report does not count), unmeasured rates filled in ([`fill_unmeasured_rates`]).
+    /// sent that the report does not count), unmeasured rates filled in ([`fleet_rates`]).
     /// Each replica as routing sees it for a request with these prompt `hashes`.
     fn views(&self, pool: &Pool, hashes: &[BlockHash]) -> Vec<ReplicaView> {
         let replicas = pool.replicas();
@@ -138,7 +138,7 @@ impl Router {
             })
             .collect();
         drop(ledger);
-        fill_unmeasured_rates(&mut views);
+        fleet_rates(&mut views);
         views
     }
 

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use kvroute_gateway::routing::cache_aware::cache_aware;
-use kvroute_gateway::routing::scoring::{fill_unmeasured_rates, predict};
+use kvroute_gateway::routing::scoring::{fleet_rates, predict};
 use kvroute_gateway::routing::{
     Decision, Exclusion, LookupResult, ReplicaId, ReplicaMatch, ReplicaView, RouteRequest, ScoringConfig, SplitMix64,
     TrackedLoad,
@@ -165,6 +165,23 @@ fn cache_aware_choices() {
             // Nothing finishes there as far as this router knows: no memory wait, 0.42 against 0.445.
             "without a finishing rate the pool's wait is unknown and the holder keeps it",
             vec![State { gpu: 125, queued_tokens: 4_000, running: 50, kv_usage: 0.999, ..replica(0) }, replica(1)],
+            Some(0),
+        ),
+        (
+            // 20 running sequences at each: the idle replica's extra 0.2 s of work delays each of its 20 next
+            // tokens, 0.495 + 4 against the holder's 0.52.
+            "with sequences running, a miss's extra work delays each of them: the holder keeps it",
+            vec![
+                State { gpu: 125, queued_tokens: 5_000, running: 20, ..replica(0) },
+                State { running: 20, ..replica(1) },
+            ],
+            Some(0),
+        ),
+        (
+            // Both need the whole prompt: no extra work anywhere, and the shorter wait (0.02 against 0.12)
+            // decides, whatever runs there.
+            "where nothing is cached, running sequences do not decide",
+            vec![State { running: 40, ..replica(0) }, State { running: 5, queued_tokens: 1_000, ..replica(1) }],
             Some(0),
         ),
         (
@@ -330,16 +347,17 @@ fn the_costs_to_others_follow_the_send_rate_the_pool_and_its_turnover() {
 }
 
 #[test]
-fn unmeasured_rates_take_the_mean_of_the_measured_replicas() {
+fn every_replica_predicts_with_the_fleets_prefill_rate_and_its_own_decode_step() {
     let (mut fleet, _) = views(&[replica(0), State { prefill_rate: 30_000.0, ..replica(1) }, replica(2)]);
     fleet[0].load.decode_step_seconds = 0.04;
     fleet[2].load.prefill_tokens_per_second = 0.0;
     fleet[2].load.decode_step_seconds = 0.0;
-    fill_unmeasured_rates(&mut fleet);
-    assert_eq!(fleet[2].load.prefill_tokens_per_second, 20_000.0);
-    assert!((fleet[2].load.decode_step_seconds - 0.03).abs() < 1e-12);
-    assert_eq!(fleet[0].load.prefill_tokens_per_second, 10_000.0, "measured rates stay");
+    fleet_rates(&mut fleet);
+    // (10,000 + 30,000) / 2: the unmeasured replica and the measured ones alike.
+    assert!(fleet.iter().all(|view| view.load.prefill_tokens_per_second == 20_000.0), "{fleet:?}");
+    assert!((fleet[2].load.decode_step_seconds - 0.03).abs() < 1e-12, "an unmeasured step takes the mean");
+    assert_eq!(fleet[0].load.decode_step_seconds, 0.04, "a measured step stays the replica's own");
     let (mut nobody, _) = views(&[State { prefill_rate: 0.0, ..replica(0) }]);
-    fill_unmeasured_rates(&mut nobody);
+    fleet_rates(&mut nobody);
     assert_eq!(nobody[0].load.prefill_tokens_per_second, 0.0, "the scoring defaults apply");
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use kvroute_gateway::routing::{
     CandidateScore, IndexConfig, LoadLedger, Policy, PolicyKind, PrefixIndex, ReplicaView, RouteRequest, ScoringConfig,
-    SendTicket, SplitMix64, fill_unmeasured_rates,
+    SendTicket, SplitMix64, fleet_rates,
 };
 use kvroute_gateway::service::ServiceConfig;
 use kvroute_node_agent::engine::publisher::HEARTBEAT;
@@ -286,7 +286,7 @@ impl<'a> Fleet<'a> {
         let hashes = self.hasher.hashes(&prompt);
         let lookup = self.index.lookup(&hashes, self.now_ms());
         let mut views: Vec<ReplicaView> = (0..self.replicas.len()).map(|id| self.view(id, &hashes)).collect();
-        fill_unmeasured_rates(&mut views);
+        fleet_rates(&mut views);
         let request = RouteRequest {
             hashes: &hashes,
             prompt_tokens: prompt.len(),
@@ -315,8 +315,16 @@ impl<'a> Fleet<'a> {
             if let Some(holder) = decision.candidates.iter().max_by_key(|candidate| candidate.matched_blocks()) {
                 record.holder_score = holder.policy_score;
                 record.holder_wait_s = holder.prediction.queue_wait_s;
-                record.holder_kv_usage =
-                    views.iter().find(|view| view.id == holder.replica).map_or(0.0, |view| view.load.kv_usage());
+                if let Some(view) = views.iter().find(|view| view.id == holder.replica) {
+                    record.holder_kv_usage = view.load.kv_usage();
+                    let load = &view.load;
+                    record.holder_seen = (
+                        load.waiting_requests,
+                        load.running_requests,
+                        load.queued_prefill_tokens,
+                        load.prefill_tokens_per_second,
+                    );
+                }
             }
             record.best_cached_tokens = decision
                 .candidates

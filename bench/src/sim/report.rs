@@ -46,6 +46,8 @@ pub struct RequestRecord {
     pub holder_score: f64,
     pub holder_wait_s: f64,
     pub holder_kv_usage: f64,
+    /// The holder's load as routing saw it: waiting, running, queued prefill tokens, prefill rate.
+    pub holder_seen: (u32, u32, u64, f64),
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]

@@ -10,6 +10,10 @@
 //! - **the request's own work** there: compute, and reloads from the host or network tier;
 //! - **the delay to others** ([`Prediction::delay_to_others_s`]): the requests that reach the replica while
 //!   this one waits and computes wait for its work too;
+//! - **the decode delay**: the work a replica needs beyond the least any replica needs (the prefix it does
+//!   not hold) delays every running sequence's next token there, since chunked prefill shares each step (a
+//!   prefill token lengthens a step by one over the marginal prefill rate). The work the request needs
+//!   anyway delays some replica's decodes wherever it goes, so only the extra counts;
 //! - **the eviction cost** ([`Prediction::eviction_s`]): the cached blocks its new blocks push out.
 //!
 //! The blocks of requests this router sent to a replica that have not finished count as held there: they
@@ -47,8 +51,18 @@ pub fn cache_aware(
         .map(|candidate| candidate.prediction.queue_wait_s)
         .collect();
     let mean_wait = if config.terms.mean_floor { waits.iter().sum::<f64>() / waits.len().max(1) as f64 } else { 0.0 };
-    for candidate in &mut candidates {
-        candidate.policy_score = score(&candidate.prediction, mean_wait);
+    let least_work = candidates
+        .iter()
+        .filter(|candidate| candidate.excluded.is_none())
+        .map(work)
+        .min_by(f64::total_cmp)
+        .unwrap_or(0.0);
+    for (candidate, view) in candidates.iter_mut().zip(replicas) {
+        // The work a replica needs beyond the least any needs: every running sequence's next token there waits
+        // for it (chunked prefill shares each step; a prefill token lengthens it by 1 / the marginal rate).
+        let running = if config.terms.decode_delay { f64::from(view.load.running_requests) } else { 0.0 };
+        let decode_delay = (work(candidate) - least_work) * running;
+        candidate.policy_score = score(&candidate.prediction, mean_wait) + decode_delay;
     }
     let tied =
         near_best(&candidates, |best| (best.abs() * config.near_tie_relative).max(config.near_tie_absolute_seconds));
@@ -60,7 +74,12 @@ pub fn cache_aware(
     Decision { policy: "cache_aware", chosen: chosen.map(|index| replicas[index].id), rule, candidates }
 }
 
-/// The ranking score of one replica ([the module docs](self)).
+/// The request's own work on a candidate: compute and reloads.
+fn work(candidate: &CandidateScore) -> f64 {
+    candidate.prediction.ttft_s - candidate.prediction.queue_wait_s
+}
+
+/// The ranking score of one replica ([the module docs](self)), less the decode delay.
 fn score(prediction: &Prediction, mean_wait: f64) -> f64 {
     let work = prediction.ttft_s - prediction.queue_wait_s;
     prediction.queue_wait_s.max(mean_wait) + work + prediction.delay_to_others_s + prediction.eviction_s

@@ -39,6 +39,6 @@ pub use policy_kind::{PolicyKind, UnknownPolicy};
 pub use rng::{RandomSource, SplitMix64};
 pub use scoring::{
     CandidateScore, CostTerms, Decision, Exclusion, Prediction, ReplicaView, RouteRequest, ScoringConfig,
-    fill_unmeasured_rates,
+    fleet_rates,
 };
 pub use sketch::{PrefixSketch, SketchConfig};

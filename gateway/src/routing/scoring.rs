@@ -57,20 +57,21 @@ impl ReplicaView {
     }
 }
 
-/// Gives a replica that has not measured a rate yet (a new or idle one) the
-/// mean of the replicas that have, so an unmeasured replica never looks faster
-/// than a measured one of the same fleet; the scoring defaults apply only when
-/// nobody has measured.
-pub fn fill_unmeasured_rates(views: &mut [ReplicaView]) {
+/// The rates routing predicts with. The prefill rate is the fleet's: every replica gets the mean of the
+/// replicas that have measured one. Replicas of one fleet serve one model, and one replica's estimate, from the
+/// few prefill steps it ran lately, swings several-fold at light load; taken at face value, a replica whose
+/// estimate reads low looks seconds busier than it is and loses the prefixes it holds. Decode step times
+/// stay each replica's own (they grow with its running batch), as do reload bandwidths; a replica that has
+/// not measured one takes the mean of those that have, so it never looks faster than a measured one. The
+/// scoring defaults apply only where nobody has measured.
+pub fn fleet_rates(views: &mut [ReplicaView]) {
     let prefill = measured_mean(views, |load| load.prefill_tokens_per_second);
     let host = measured_mean(views, |load| load.host_bytes_per_second);
     let network = measured_mean(views, |load| load.network_bytes_per_second);
     let decode_step = measured_mean(views, |load| load.decode_step_seconds);
     for view in views {
         let load = &mut view.load;
-        if load.prefill_tokens_per_second == 0.0 {
-            load.prefill_tokens_per_second = prefill.unwrap_or(0.0);
-        }
+        load.prefill_tokens_per_second = prefill.unwrap_or(0.0);
         if load.host_bytes_per_second == 0.0 {
             load.host_bytes_per_second = host.unwrap_or(0.0);
         }
@@ -168,13 +169,22 @@ pub struct CostTerms {
     pub memory_wait: bool,
     /// Blocks of this router's unfinished requests on a replica count as held there.
     pub in_flight: bool,
+    /// The delay to others counts the running sequences' next tokens too.
+    pub decode_delay: bool,
 }
 
 impl CostTerms {
-    pub const ALL: CostTerms =
-        CostTerms { mean_floor: true, delay_to_others: true, eviction: true, memory_wait: true, in_flight: true };
+    pub const ALL: CostTerms = CostTerms {
+        mean_floor: true,
+        delay_to_others: true,
+        eviction: true,
+        memory_wait: true,
+        in_flight: true,
+        decode_delay: true,
+    };
     /// Their names, as `kvroute-sim --without` takes them.
-    pub const NAMES: [&str; 5] = ["mean-floor", "delay-to-others", "eviction", "memory-wait", "in-flight"];
+    pub const NAMES: [&str; 6] =
+        ["mean-floor", "delay-to-others", "eviction", "memory-wait", "in-flight", "decode-delay"];
 
     /// These terms less the one named `name`, or None for an unknown name.
     pub fn without(self, name: &str) -> Option<CostTerms> {
@@ -185,6 +195,7 @@ impl CostTerms {
             "eviction" => terms.eviction = false,
             "memory-wait" => terms.memory_wait = false,
             "in-flight" => terms.in_flight = false,
+            "decode-delay" => terms.decode_delay = false,
             _ => return None,
         }
         Some(terms)
