@@ -38,7 +38,6 @@ pub use policy::Policy;
 pub use policy_kind::{PolicyKind, UnknownPolicy};
 pub use rng::{RandomSource, SplitMix64};
 pub use scoring::{
-    CandidateScore, CostTerms, Decision, Exclusion, Prediction, ReplicaView, RouteRequest, ScoringConfig,
-    fleet_rates,
+    CandidateScore, CostTerms, Decision, Exclusion, Prediction, ReplicaView, RouteRequest, ScoringConfig, fleet_rates,
 };
 pub use sketch::{PrefixSketch, SketchConfig};
