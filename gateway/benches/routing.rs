@@ -195,7 +195,7 @@ fn routing(c: &mut Criterion) {
     percentiles("routing decision from 2,000 token ids (hash + lookup + cache_aware, 64 replicas)", 50_000, || {
         decide(&mut rng);
     });
-    doctor_cost(c, &tokens, &mut || {
+    doctor_cost(&tokens, &mut || {
         decide(&mut rng);
     });
 
@@ -270,45 +270,54 @@ fn routing(c: &mut Criterion) {
 }
 
 /// The prefix-cache doctor's cost. On the request path the router hands the prompt (moved, not copied) to the
-/// doctor's queue: the decision with and without that, timed alternately so that a busy machine weighs on
-/// both alike. Off the request path, the doctor's own work per prompt, on its thread.
-fn doctor_cost(c: &mut Criterion, tokens: &[u32], decide: &mut dyn FnMut()) {
-    const RUNS: usize = 50_000;
+/// doctor's queue: the decision with and without that, timed alternately (and each first in turn) so that a
+/// busy machine and warm caches weigh on both alike, in rounds of 200 that the doctor's thread then works
+/// through (untimed), so that each hand-over finds room in the queue as at any sustainable rate. Off the
+/// request path, the doctor's own work per prompt, on its thread.
+fn doctor_cost(tokens: &[u32], decide: &mut dyn FnMut()) {
+    const ROUNDS: usize = 250;
+    const PER_ROUND: usize = 200;
     let doctor = DoctorThread::start(DoctorConfig::default(), Vec::new()).unwrap();
     let traffic = || Traffic { tenant: "bench".into(), user: None, scope: Some(Vec::new()), tokens: tokens.to_vec() };
-    c.bench_function("decision_from_2000_token_ids_64_replicas_with_doctor", |b| {
-        b.iter_batched(
-            traffic,
-            |traffic| {
+    let (mut alone, mut with) = (Vec::with_capacity(ROUNDS * PER_ROUND), Vec::with_capacity(ROUNDS * PER_ROUND));
+    for round in 1..=ROUNDS {
+        for call in 0..PER_ROUND {
+            let mut prompt = Some(traffic());
+            // Which goes first alternates: the second call finds the first one's data in the caches.
+            let order = if call % 2 == 0 { [false, true] } else { [true, false] };
+            for with_doctor in order {
+                let started = Instant::now();
                 decide();
-                black_box(doctor.observe(0, traffic, [0; 3]))
-            },
-            BatchSize::SmallInput,
-        )
-    });
-    let (mut alone, mut with) = (Vec::with_capacity(RUNS), Vec::with_capacity(RUNS));
-    for _ in 0..RUNS {
-        let prompt = traffic();
-        let started = Instant::now();
-        decide();
-        alone.push(started.elapsed());
-        let started = Instant::now();
-        decide();
-        black_box(doctor.observe(0, prompt, [0; 3]));
-        with.push(started.elapsed());
+                if with_doctor && let Some(prompt) = prompt.take() {
+                    black_box(doctor.observe(0, prompt, [0; 3]));
+                }
+                if with_doctor { &mut with } else { &mut alone }.push(started.elapsed());
+            }
+        }
+        let handed = (round * PER_ROUND) as u64;
+        while doctor.observed() < handed {
+            std::thread::yield_now();
+        }
     }
     let summary = |samples: &mut Vec<Duration>| {
         samples.sort_unstable();
         let mean = samples.iter().sum::<Duration>().as_secs_f64() / samples.len() as f64;
-        (mean * 1e6, samples[samples.len() / 2].as_secs_f64() * 1e6)
+        let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)].as_secs_f64() * 1e6;
+        (mean * 1e6, at(0.5), at(0.99))
     };
-    let ((mean_alone, p50_alone), (mean_with, p50_with)) = (summary(&mut alone), summary(&mut with));
+    let (alone, with) = (summary(&mut alone), summary(&mut with));
     println!(
         "routing decision from 2,000 token ids, alternately without and with the prefix-cache doctor's bookkeeping \
-         ({RUNS} each): mean {mean_alone:.2} / {mean_with:.2} us ({:+.1}%), p50 {p50_alone:.2} / {p50_with:.2} us \
-         ({:+.1}%)",
-        (mean_with / mean_alone - 1.0) * 100.0,
-        (p50_with / p50_alone - 1.0) * 100.0,
+         ({} each): mean {:.2} / {:.2} us ({:+.1}%), p50 {:.2} / {:.2} us ({:+.1}%), p99 {:.2} / {:.2} us",
+        ROUNDS * PER_ROUND,
+        alone.0,
+        with.0,
+        (with.0 / alone.0 - 1.0) * 100.0,
+        alone.1,
+        with.1,
+        (with.1 / alone.1 - 1.0) * 100.0,
+        alone.2,
+        with.2,
     );
 
     // The doctor's own work: 2,000-token chat prompts (a 1,900-token system prompt, then a question).

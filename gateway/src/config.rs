@@ -138,7 +138,7 @@ pub struct ServeArgs {
     #[arg(long, requires = "agent_tls_ca")]
     pub agent_tls_domain: Option<String>,
     /// Tenants the prefix-cache doctor tracks at once (the least recently seen one makes room); each takes at
-    /// most about 0.6 MB (docs/operations.md).
+    /// most about 0.42 MB (docs/operations.md).
     #[arg(long, default_value_t = DEFAULT_MAX_TENANTS)]
     pub doctor_max_tenants: usize,
     /// The prefix-cache doctor's sliding window, in seconds: its counts, the prompts it compares, and how

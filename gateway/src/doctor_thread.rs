@@ -1,14 +1,16 @@
 //! The prefix-cache doctor ([`crate::doctor`]) off the request path. The router hands each routed prompt,
-//! and the service each finished reply, to a bounded queue without waiting; one thread feeds them to the
-//! synchronous [`Doctor`], records the doctor's metrics and logs each diagnosis it raises or resolves. When
-//! the queue is full a prompt is dropped and counted (`kvroute_gateway_prefix_doctor_dropped_total`), so a
-//! request never waits for the doctor. `/debug/prefix-report` locks the doctor while it builds a report.
+//! and the service each finished reply, to a bounded queue without waiting; one thread takes what the queue
+//! holds every [`DRAIN_INTERVAL`] (so a request never pays for waking it), feeds it to the synchronous
+//! [`Doctor`], records the doctor's metrics and logs each diagnosis it raises or resolves. When the queue is
+//! full a prompt is dropped and counted (`kvroute_gateway_prefix_doctor_dropped_total`), so a request never
+//! waits for the doctor. `/debug/prefix-report` locks the doctor while it builds a report.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crate::doctor::report::summary;
 use crate::doctor::{Doctor, DoctorConfig, Kind, Observation, Report, ReportOptions};
@@ -21,6 +23,10 @@ pub const QUEUE_CAPACITY: usize = 256;
 
 /// Tokens of a reply kept for the doctor (more would go past the blocks it tracks at the defaults).
 pub const MAX_REPLY_TOKENS: usize = 4096;
+
+/// How often the doctor's thread takes what the queue holds. It never blocks on the queue: a sender would
+/// then have to wake it, a system call on every routed request.
+pub const DRAIN_INTERVAL: Duration = Duration::from_millis(20);
 
 /// A routed prompt for the doctor: whose it is, and its tokens (moved in, not copied).
 #[derive(Clone, Debug)]
@@ -126,6 +132,11 @@ impl DoctorThread {
         report
     }
 
+    /// Prompts handed to the doctor that it is done with: observed, or dropped because the queue was full.
+    pub fn observed(&self) -> u64 {
+        self.lock().counts().0 + self.dropped.load(Ordering::Relaxed)
+    }
+
     /// Whether `tenant` is tracked.
     pub fn knows(&self, tenant: &str) -> bool {
         self.lock().active_for(tenant).is_some()
@@ -136,54 +147,65 @@ impl Drop for DoctorThread {
     fn drop(&mut self) {
         self.sender = None;
         if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
             let _ = thread.join();
         }
     }
 }
 
-/// The thread: applies messages until every sender is gone.
+/// The thread: every [`DRAIN_INTERVAL`], applies the messages queued, until every sender is gone.
 fn run(doctor: &Mutex<Doctor>, receiver: &Receiver<Message>, labelled: &HashSet<String>) {
-    while let Ok(message) = receiver.recv() {
-        let mut doctor = doctor.lock().unwrap_or_else(PoisonError::into_inner);
-        match message {
-            Message::Observe { id, now, traffic, prompt_len, matched } => {
-                let scope = traffic.scope.as_deref().map_or(0, crate::doctor::chain::digest);
-                let observation = Observation {
-                    tenant: &traffic.tenant,
-                    user: traffic.user.as_deref(),
-                    scope,
-                    tokens: &traffic.tokens,
-                    prompt_len,
-                    matched,
-                };
-                let observed = doctor.observe(now, id, &observation);
-                if let Some(block) = observed.divergence_block {
-                    metrics::record_prefix_divergence(block);
-                }
-                if observed.churned {
-                    metrics::record_prefix_churn();
-                }
-                for change in &observed.changes {
-                    let kind = change.kind.as_str();
-                    if change.raised {
-                        metrics::record_prefix_diagnosis(kind);
-                        let summary = doctor.finding(&change.tenant, change.kind).map(summary).unwrap_or_default();
-                        tracing::warn!(
-                            tenant = %change.tenant,
-                            kind,
-                            block = change.block,
-                            token = change.token,
-                            "prefix-cache diagnosis: {summary} (details: GET /debug/prefix-report)"
-                        );
-                    } else {
-                        tracing::info!(tenant = %change.tenant, kind, "prefix-cache diagnosis resolved");
-                    }
-                }
-                publish(&doctor, now, &traffic.tenant, labelled);
+    loop {
+        match receiver.try_recv() {
+            Ok(message) => apply(doctor, message, labelled),
+            Err(TryRecvError::Empty) => std::thread::park_timeout(DRAIN_INTERVAL),
+            Err(TryRecvError::Disconnected) => return,
+        }
+    }
+}
+
+/// Applies one message: observes a prompt (recording its metrics and logging the diagnoses it raises or
+/// resolves) or a finished reply.
+fn apply(doctor: &Mutex<Doctor>, message: Message, labelled: &HashSet<String>) {
+    let mut doctor = doctor.lock().unwrap_or_else(PoisonError::into_inner);
+    match message {
+        Message::Observe { id, now, traffic, prompt_len, matched } => {
+            let scope = traffic.scope.as_deref().map_or(0, crate::doctor::chain::digest);
+            let observation = Observation {
+                tenant: &traffic.tenant,
+                user: traffic.user.as_deref(),
+                scope,
+                tokens: &traffic.tokens,
+                prompt_len,
+                matched,
+            };
+            let observed = doctor.observe(now, id, &observation);
+            if let Some(block) = observed.divergence_block {
+                metrics::record_prefix_divergence(block);
             }
-            Message::Finished { id, now, reply, prompt_tokens, cached_tokens } => {
-                doctor.finished(now, id, &reply, prompt_tokens, cached_tokens);
+            if observed.churned {
+                metrics::record_prefix_churn();
             }
+            for change in &observed.changes {
+                let kind = change.kind.as_str();
+                if change.raised {
+                    metrics::record_prefix_diagnosis(kind);
+                    let summary = doctor.finding(&change.tenant, change.kind).map(summary).unwrap_or_default();
+                    tracing::warn!(
+                        tenant = %change.tenant,
+                        kind,
+                        block = change.block,
+                        token = change.token,
+                        "prefix-cache diagnosis: {summary} (details: GET /debug/prefix-report)"
+                    );
+                } else {
+                    tracing::info!(tenant = %change.tenant, kind, "prefix-cache diagnosis resolved");
+                }
+            }
+            publish(&doctor, now, &traffic.tenant, labelled);
+        }
+        Message::Finished { id, now, reply, prompt_tokens, cached_tokens } => {
+            doctor.finished(now, id, &reply, prompt_tokens, cached_tokens);
         }
     }
 }

@@ -17,37 +17,45 @@ pub fn detect(recent: &VecDeque<Recent>, config: &DoctorConfig) -> Option<Findin
     let thresholds = &config.thresholds;
     let block_size = config.block_size.max(1);
     let with_user: Vec<&Recent> = recent.iter().filter(|prompt| prompt.user.is_some()).collect();
-    let crossing: Vec<(&Recent, usize)> = with_user
+    // (prompt, where it parts from another user's, where the per-user span ends)
+    let crossing: Vec<(&Recent, usize, usize)> = with_user
         .iter()
         .filter_map(|prompt| match prompt.outcome.cross_user {
-            Some(Divergence::Span { at, .. }) => Some((*prompt, at)),
+            Some(Divergence::Span { at, current, .. }) => Some((*prompt, at, at + current)),
             _ => None,
         })
         .collect();
     if !enough(crossing.len(), with_user.len(), thresholds.min_prompts, thresholds.min_share) {
         return None;
     }
-    let (block, _) = mode(crossing.iter().map(|&(_, at)| at / block_size))?;
-    let at_block: Vec<&(&Recent, usize)> = crossing.iter().filter(|&&(_, at)| at / block_size == block).collect();
+    // As for varying content, the stable position is where the per-user span ends.
+    let (end_block, _) = mode(crossing.iter().map(|&(_, _, end)| end / block_size))?;
+    let at_block: Vec<&(&Recent, usize, usize)> =
+        crossing.iter().filter(|&&(_, _, end)| end / block_size == end_block).collect();
     if !enough(at_block.len(), crossing.len(), thresholds.min_prompts, thresholds.stable_share) {
         return None;
     }
-    let users: HashSet<u64> = at_block.iter().filter_map(|(prompt, _)| prompt.user).collect();
+    let users: HashSet<u64> = at_block.iter().filter_map(|(prompt, ..)| prompt.user).collect();
     if users.len() < thresholds.min_users {
         return None;
     }
-    // Prompts of one user share more than the block where users part.
+    let token = at_block.iter().map(|&&(_, at, _)| at).min().unwrap_or(end_block * block_size);
+    // Prompts of one user share more than the span where users part.
     let same_user: Vec<usize> = with_user.iter().filter_map(|prompt| prompt.outcome.same_user_prefix).collect();
-    let past = same_user.iter().filter(|&&shared| shared >= (block + 1) * block_size).count();
+    let past = same_user.iter().filter(|&&shared| shared >= (end_block + 1) * block_size).count();
     if !enough(past, same_user.len(), 2, thresholds.stable_share) {
         return None;
     }
-    let examples =
-        at_block.iter().rev().filter_map(|(prompt, _)| prompt.outcome.cross_user_text.clone()).take(EXAMPLES).collect();
+    let examples = at_block
+        .iter()
+        .rev()
+        .filter_map(|(prompt, ..)| prompt.outcome.cross_user_text.clone())
+        .take(EXAMPLES)
+        .collect();
     Some(Finding {
         kind: Kind::Personalised,
-        block: block as u32,
-        token: at_block.iter().map(|&&(_, at)| at).min().unwrap_or(block * block_size),
+        block: (token / block_size) as u32,
+        token,
         share: at_block.len() as f64 / with_user.len() as f64,
         evidence: Evidence::Personalised {
             users: users.len(),

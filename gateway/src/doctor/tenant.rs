@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use super::chain::{Chainer, digest};
+use super::chain::{Chainer, digest, tokens_digest};
 use super::compare::{Divergence, common_prefix, compare_from};
 use super::diagnosis::{Change, Diagnoses, Difference, Kind};
 use super::seen::SeenBlocks;
@@ -21,6 +21,9 @@ pub struct Outcome {
     /// Against the recent prompt it shares the longest prefix with (None: the first prompt).
     pub best: Option<Divergence>,
     pub best_text: Option<Difference>,
+    /// For a [`Divergence::Span`]: a digest of the prompt up to the span's end (the varying content and all
+    /// before it), which tells the values of the varying content apart.
+    pub best_variant: Option<u64>,
     /// For a prompt with a `user`: against the closest prompt of another user...
     pub cross_user: Option<Divergence>,
     pub cross_user_text: Option<Difference>,
@@ -215,8 +218,12 @@ fn compare_with_recent(
         (divergence, difference(head, &earlier.head, &divergence))
     };
     let (best, best_text) = best.map(against).map_or((None, None), |(d, text)| (Some(d), text));
+    let best_variant = match best {
+        Some(Divergence::Span { at, current, .. }) => head.get(..at + current).map(tokens_digest),
+        _ => None,
+    };
     let (cross_user, cross_user_text) = other.map(against).map_or((None, None), |(d, text)| (Some(d), text));
-    Outcome { best, best_text, cross_user, cross_user_text, same_user_prefix: same }
+    Outcome { best, best_text, best_variant, cross_user, cross_user_text, same_user_prefix: same }
 }
 
 /// The tokens behind a divergence: the context before it and how each prompt goes on (the differing spans

@@ -1,12 +1,12 @@
 //! *Varying content near the top*: a timestamp, a request id or a variant header early in the prompt. Most
-//! recent prompts part from the earlier prompt closest to them at the same block, and after a short span
-//! (the varying content) agree with it again for a while: the rest recurs, but the prefix cache can reuse
-//! nothing after the span. The spans are mostly distinct (a few values that recur would be variants).
+//! recent prompts part from the earlier prompt closest to them in a short span (the varying content) that
+//! ends at the same block, and then agree with it again for a while: the rest recurs, but the prefix cache
+//! can reuse nothing after the span. The values are mostly distinct (a few values that recur would be
+//! variants).
 
 use std::collections::{HashSet, VecDeque};
 
 use super::DoctorConfig;
-use super::chain::tokens_digest;
 use super::compare::Divergence;
 use super::detect::{enough, median, mode};
 use super::diagnosis::{Evidence, Finding, Kind};
@@ -18,41 +18,41 @@ const EXAMPLES: usize = 3;
 pub fn detect(recent: &VecDeque<Recent>, config: &DoctorConfig) -> Option<Finding> {
     let thresholds = &config.thresholds;
     let block_size = config.block_size.max(1);
-    let spans: Vec<(&Recent, usize, usize)> = recent
+    // (prompt, where it parts, where the varying span ends, tokens agreeing after it)
+    let spans: Vec<(&Recent, usize, usize, usize)> = recent
         .iter()
         .filter_map(|prompt| match prompt.outcome.best {
-            Some(Divergence::Span { at, recurring, .. }) => Some((prompt, at, recurring)),
+            Some(Divergence::Span { at, current, recurring, .. }) => Some((prompt, at, at + current, recurring)),
             _ => None,
         })
         .collect();
     if !enough(spans.len(), recent.len(), thresholds.min_prompts, thresholds.min_share) {
         return None;
     }
-    let (block, _) = mode(spans.iter().map(|&(_, at, _)| at / block_size))?;
-    let at_block: Vec<&(&Recent, usize, usize)> =
-        spans.iter().filter(|&&(_, at, _)| at / block_size == block).collect();
-    if !enough(at_block.len(), spans.len(), thresholds.min_prompts, thresholds.stable_share) {
+    // Where two prompts part depends on how much of the varying content they share (two times of the same
+    // minute share its digits), where it ends does not: the stable position is the end's block.
+    let (end_block, _) = mode(spans.iter().map(|&(_, _, end, _)| end / block_size))?;
+    let site: Vec<&(&Recent, usize, usize, usize)> =
+        spans.iter().filter(|&&(_, _, end, _)| end / block_size == end_block).collect();
+    if !enough(site.len(), spans.len(), thresholds.min_prompts, thresholds.stable_share) {
         return None;
     }
-    let distinct: HashSet<u64> = at_block
-        .iter()
-        .filter_map(|(prompt, _, _)| prompt.outcome.best_text.as_ref())
-        .map(|text| tokens_digest(&text.current))
-        .collect();
-    if (distinct.len() as f64) < thresholds.distinct_share * at_block.len() as f64 {
+    let distinct: HashSet<u64> = site.iter().filter_map(|(prompt, ..)| prompt.outcome.best_variant).collect();
+    if (distinct.len() as f64) < thresholds.distinct_share * site.len() as f64 {
         return None;
     }
+    let token = site.iter().map(|&&(_, at, _, _)| at).min().unwrap_or(end_block * block_size);
     let examples =
-        at_block.iter().rev().filter_map(|(prompt, _, _)| prompt.outcome.best_text.clone()).take(EXAMPLES).collect();
+        site.iter().rev().filter_map(|(prompt, ..)| prompt.outcome.best_text.clone()).take(EXAMPLES).collect();
     Some(Finding {
         kind: Kind::VaryingTop,
-        block: block as u32,
-        token: at_block.iter().map(|&&(_, at, _)| at).min().unwrap_or(block * block_size),
-        share: at_block.len() as f64 / recent.len() as f64,
+        block: (token / block_size) as u32,
+        token,
+        share: site.len() as f64 / recent.len() as f64,
         evidence: Evidence::VaryingTop {
-            prompts: at_block.len(),
+            prompts: site.len(),
             distinct: distinct.len(),
-            recurring_tokens: median(at_block.iter().map(|&&(_, _, recurring)| recurring).collect()),
+            recurring_tokens: median(site.iter().map(|&&(_, _, _, recurring)| recurring).collect()),
             examples,
         },
     })
