@@ -250,30 +250,46 @@ if [[ " $selected " == *" robustness "* ]]; then
 import json, os, sys
 rob, cells = sys.argv[1], sys.argv[2:]
 print("robustness: cache_aware against the best other policy per cell (TTFT in s; hit: cached prompt fraction;")
-print("429s: requests cache_aware's replicas refused, against the fewest of the others)")
+print("429s: requests cache_aware's replicas refused, against the fewest of the others). verdict: the target as")
+print("written; served: the same with TTFT compared only against the policies that refused no fewer requests")
+print("(a policy that refuses more has its TTFT over fewer requests)")
 print(f"{'cell':<36} {'ca mean':>8} {'best mean':>17} {'ca p99':>8} {'best p99':>17} {'ca hit':>6} "
-      f"{'best hit':>16} {'429s':>11} verdict")
-met = 0
+      f"{'best hit':>16} {'429s':>11} verdict / served")
+
+
+def misses(ca, others):
+    """How cache_aware misses the target against `others` (mean and p99 TTFT within 5%, hit within 1 point)."""
+    mean = min(others, key=lambda r: r["ttft_mean_s"])
+    p99 = min(others, key=lambda r: r["ttft_p99_s"])
+    hit = max(others, key=lambda r: r["hit_ratio"])
+    found = []
+    if ca["ttft_mean_s"] > 1.05 * mean["ttft_mean_s"]:
+        found.append(f"mean +{100 * (ca['ttft_mean_s'] / mean['ttft_mean_s'] - 1):.0f}%")
+    if ca["ttft_p99_s"] > 1.05 * p99["ttft_p99_s"]:
+        found.append(f"p99 +{100 * (ca['ttft_p99_s'] / p99['ttft_p99_s'] - 1):.0f}%")
+    if ca["hit_ratio"] < hit["hit_ratio"] - 0.01:
+        found.append(f"hit -{100 * (hit['hit_ratio'] - ca['hit_ratio']):.1f} pt")
+    return mean, p99, hit, found
+
+
+met = served_met = 0
 for cell in cells:
     results = {r["policy"]: r for r in json.load(open(os.path.join(rob, cell + ".json")))["results"]}
     ca = results.pop("cache_aware")
-    mean = min(results.values(), key=lambda r: r["ttft_mean_s"])
-    p99 = min(results.values(), key=lambda r: r["ttft_p99_s"])
-    hit = max(results.values(), key=lambda r: r["hit_ratio"])
+    mean, p99, hit, missed = misses(ca, list(results.values()))
     fewest_refused = min(r["rejected"] for r in results.values())
-    misses = []
-    if ca["ttft_mean_s"] > 1.05 * mean["ttft_mean_s"]:
-        misses.append(f"mean +{100 * (ca['ttft_mean_s'] / mean['ttft_mean_s'] - 1):.0f}%")
-    if ca["ttft_p99_s"] > 1.05 * p99["ttft_p99_s"]:
-        misses.append(f"p99 +{100 * (ca['ttft_p99_s'] / p99['ttft_p99_s'] - 1):.0f}%")
-    if ca["hit_ratio"] < hit["hit_ratio"] - 0.01:
-        misses.append(f"hit -{100 * (hit['hit_ratio'] - ca['hit_ratio']):.1f} pt")
-    met += not misses
+    # TTFT against the policies that served at least as many requests; the hit ratio against all.
+    serving = [r for r in results.values() if r["rejected"] <= ca["rejected"]]
+    served_missed = [m for m in misses(ca, serving or [ca])[3] if not m.startswith("hit")]
+    served_missed += [m for m in missed if m.startswith("hit")]
+    met += not missed
+    served_met += not served_missed
+    verdict = "met" if not missed else "MISSED: " + ", ".join(missed)
+    served = "met" if not served_missed else "MISSED: " + ", ".join(served_missed)
     print(f"{cell:<36} {ca['ttft_mean_s']:8.3f} {mean['ttft_mean_s']:8.3f} {mean['policy']:>8} "
           f"{ca['ttft_p99_s']:8.2f} {p99['ttft_p99_s']:8.2f} {p99['policy']:>8} {ca['hit_ratio']:6.3f} "
-          f"{hit['hit_ratio']:6.3f} {hit['policy']:>9} {ca['rejected']:5d}/{fewest_refused:<5d} "
-          f"{'met' if not misses else 'MISSED: ' + ', '.join(misses)}")
-print(f"{met} of {len(cells)} cells met")
+          f"{hit['hit_ratio']:6.3f} {hit['policy']:>9} {ca['rejected']:5d}/{fewest_refused:<5d} {verdict} / {served}")
+print(f"{met} of {len(cells)} cells met; {served_met} met comparing TTFT only with policies that refused no fewer")
 EOF
   # The trace families on Dynamo's mocker engine, beside Dynamo's real router on the same trace.
   if [ "${ROBUSTNESS_DYNAMO:-1}" = 1 ] && dynamo_python=$(scripts/tools/dynamo.sh); then

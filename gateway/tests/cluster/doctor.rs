@@ -252,7 +252,8 @@ fn ordinary_chat_agent_rag_and_fewshot_traffic_raises_nothing() {
     let workloads = ["chat", "agent", "rag", "fewshot"];
     let lines: String = workloads.iter().map(|name| format!("sk-{name}-key {name}\n")).collect();
     std::fs::write(keys.path(), lines).unwrap();
-    let cluster = start(&["--api-keys", keys.path().to_str().unwrap()]);
+    // Only `chat` gets metrics with its tenant label.
+    let cluster = start(&["--api-keys", keys.path().to_str().unwrap(), "--doctor-tenant-metrics", "chat"]);
     let http = cluster.gateway.http;
     let mut sent = 0;
     for workload in workloads {
@@ -267,6 +268,12 @@ fn ordinary_chat_agent_rag_and_fewshot_traffic_raises_nothing() {
     }
     assert!(report["active_diagnoses"].as_object().unwrap().values().all(|count| count == 0), "{report:#}");
     assert!(series(http, "kvroute_gateway_prefix_diagnoses_total").is_empty());
+    let labelled = series(http, "kvroute_gateway_tenant_prefix_ceiling_ratio");
+    assert_eq!(labelled.iter().map(|(labels, _)| labels.as_str()).collect::<Vec<_>>(), ["tenant=\"chat\""]);
+    assert!(labelled[0].1 > 0.5, "{labelled:?}");
+    let active = series(http, "kvroute_gateway_tenant_prefix_diagnoses_active");
+    assert_eq!(active.len(), 5, "one series a kind, chat's: {active:?}");
+    assert!(active.iter().all(|(labels, value)| labels.contains("tenant=\"chat\"") && *value == 0.0), "{active:?}");
     assert!(raised_lines(&cluster.log).is_empty());
     // What the healthy traffic looks like: chat repeats most of its prompts, and the replicas found most.
     let chat = &tenant(&report, "chat")["traffic"];
