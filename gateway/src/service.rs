@@ -368,9 +368,8 @@ struct TextStream {
     stop: Vec<String>,
     /// Text decoded but held back: it may be the start of a stop string.
     held: String,
-    prompt_tokens: u32,
-    completion_tokens: u32,
-    cached_tokens: u32,
+    /// The prompt's length, the tokens streamed so far, the cached prompt tokens first reported.
+    usage: Usage,
     inter_token_timeout: Duration,
     /// The replica streaming the reply (for the log line when it breaks off).
     replica: ReplicaId,
@@ -392,9 +391,7 @@ impl TextStream {
             detokenizer: Detokenizer::new(tokenizer),
             stop: spec.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
             held: String::new(),
-            prompt_tokens: prompt_tokens as u32,
-            completion_tokens: 0,
-            cached_tokens: 0,
+            usage: Usage { prompt_tokens: prompt_tokens as u32, completion_tokens: 0, cached_tokens: 0 },
             inter_token_timeout,
             replica,
             reply: Vec::with_capacity((spec.max_tokens as usize).min(MAX_REPLY_TOKENS)),
@@ -414,7 +411,7 @@ impl TextStream {
         mut upstream: Upstream,
         sender: mpsc::Sender<Result<StreamEvent, ServiceError>>,
     ) {
-        self.cached_tokens = first.cached_tokens;
+        self.usage.cached_tokens = first.cached_tokens;
         let mut message = first;
         loop {
             let finished = self.handle(message, &sender).await;
@@ -431,7 +428,7 @@ impl TextStream {
                 Err(_) => format!("the replica sent no token for {:?}", self.inter_token_timeout),
             };
             // The client sees an error event; the operator sees why, and on which replica.
-            tracing::warn!(replica = self.replica, tokens = self.completion_tokens, "stream interrupted: {reason}");
+            tracing::warn!(replica = self.replica, tokens = self.usage.completion_tokens, "stream interrupted: {reason}");
             let _ = sender.send(Err(ServiceError::Interrupted(reason))).await;
             return;
         }
@@ -448,7 +445,7 @@ impl TextStream {
         let mut token_ids = Vec::new();
         let mut stopped = false;
         for id in message.token_ids {
-            self.completion_tokens += 1;
+            self.usage.completion_tokens += 1;
             token_ids.push(id);
             if self.reply.len() < MAX_REPLY_TOKENS {
                 self.reply.push(id);
@@ -483,15 +480,11 @@ impl TextStream {
             return true;
         }
         if stopped || final_usage.is_some() {
-            let cached = final_usage.map_or(self.cached_tokens, |usage| usage.cached_tokens);
-            let usage = Usage {
-                prompt_tokens: self.prompt_tokens,
-                completion_tokens: self.completion_tokens,
-                cached_tokens: cached,
-            };
+            let cached = final_usage.map_or(self.usage.cached_tokens, |usage| usage.cached_tokens);
+            let usage = Usage { cached_tokens: cached, ..self.usage };
             metrics::record_cached(cached);
             if let Some((router, ticket)) = self.doctor.take() {
-                router.finished(ticket, std::mem::take(&mut self.reply), self.prompt_tokens, cached);
+                router.finished(ticket, std::mem::take(&mut self.reply), usage.prompt_tokens, cached);
             }
             let reason = if stopped { FinishReason::Stop } else { reason.unwrap_or(FinishReason::Length) };
             let _ = sender.send(Ok(StreamEvent::Finished { reason, usage })).await;
