@@ -428,7 +428,11 @@ impl TextStream {
                 Err(_) => format!("the replica sent no token for {:?}", self.inter_token_timeout),
             };
             // The client sees an error event; the operator sees why, and on which replica.
-            tracing::warn!(replica = self.replica, tokens = self.usage.completion_tokens, "stream interrupted: {reason}");
+            tracing::warn!(
+                replica = self.replica,
+                tokens = self.usage.completion_tokens,
+                "stream interrupted: {reason}"
+            );
             let _ = sender.send(Err(ServiceError::Interrupted(reason))).await;
             return;
         }
