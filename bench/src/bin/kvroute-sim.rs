@@ -31,7 +31,8 @@ struct Args {
     /// Mooncake-format JSONL trace to replay.
     #[arg(long, conflicts_with = "workload", required_unless_present = "workload")]
     trace: Option<PathBuf>,
-    /// Synthetic workload instead: chat, agent, rag, fewshot, timestamp-top or shared-prefix.
+    /// Synthetic workload instead: shared-prefix, or one of kvroute-load's (chat, agent, rag, fewshot, timestamp-top,
+    /// shuffled-tools, prompt-change, ab-split, personalised).
     #[arg(long)]
     workload: Option<String>,
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -64,7 +65,7 @@ struct Args {
     #[arg(long, default_value_t = DEFAULT_EVENT_LAG.as_millis() as u64)]
     event_lag_ms: u64,
     /// cache_aware without these terms of its score, comma-separated (to measure what each buys):
-    /// mean-floor, delay-to-others, eviction, memory-wait, in-flight.
+    /// mean-floor, delay-to-others, eviction, memory-wait, in-flight, decode-delay.
     #[arg(long, value_name = "TERMS")]
     without: Option<String>,
     /// Synthetic workloads: sessions.
