@@ -87,11 +87,17 @@ impl Router {
         self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Counts a request sent to `replica` with its prompt's full `blocks` in its load until its replica's
-    /// reports count it.
-    pub fn sent_request(&self, replica: ReplicaId, uncached_tokens: u64, blocks: Arc<[BlockHash]>) -> SendTicket {
+    /// Counts a request sent to `replica` with its prompt's full `blocks` and at most `output_tokens` to
+    /// generate in its load until its replica's reports count it.
+    pub fn sent_request(
+        &self,
+        replica: ReplicaId,
+        uncached_tokens: u64,
+        output_tokens: u32,
+        blocks: Arc<[BlockHash]>,
+    ) -> SendTicket {
         let now = self.now();
-        self.ledger().sent(replica, uncached_tokens, blocks, now)
+        self.ledger().sent(replica, uncached_tokens, output_tokens, blocks, now)
     }
 
     /// The replica accepted the request as `engine_id`.
@@ -240,6 +246,7 @@ impl Router {
                     "queue_wait_s": candidate.prediction.queue_wait_s,
                     "compute_s": candidate.prediction.compute_s,
                     "memory_wait_s": candidate.prediction.memory_wait_s,
+                    "slot_wait_s": candidate.prediction.slot_wait_s,
                     "delay_to_others_s": candidate.prediction.delay_to_others_s,
                     "eviction_s": candidate.prediction.eviction_s,
                     "policy_score": candidate.policy_score,

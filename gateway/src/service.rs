@@ -309,7 +309,7 @@ impl Gateway {
         };
         handle.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Dropped unaccepted (failed, timed out, or the caller went away): no longer counted.
-        let ticket = self.router.sent_request(replica, uncached_tokens, blocks);
+        let ticket = self.router.sent_request(replica, uncached_tokens, request.max_tokens, blocks);
         let mut sent = Unaccepted { router: &self.router, ticket: Some(ticket) };
         let mut client = handle.client.clone();
         let call = async {

@@ -6,8 +6,8 @@
 use kvroute_gateway::routing::cache_aware::cache_aware;
 use kvroute_gateway::routing::scoring::{fleet_rates, predict};
 use kvroute_gateway::routing::{
-    Decision, Exclusion, LookupResult, ReplicaId, ReplicaMatch, ReplicaView, RouteRequest, ScoringConfig, SplitMix64,
-    TrackedLoad,
+    CostTerms, Decision, Exclusion, LookupResult, ReplicaId, ReplicaMatch, ReplicaView, RouteRequest, ScoringConfig,
+    SplitMix64, TrackedLoad,
 };
 use kvroute_proto::domain::LoadStats;
 use kvroute_proto::{BlockHash, DEFAULT_BLOCK_SIZE};
@@ -41,6 +41,8 @@ struct State {
     finish_rate: f64,
     /// Leading blocks of the prompt this router's unfinished requests there hold.
     in_flight: u64,
+    /// Decode steps until a running slot frees there.
+    slot_wait_steps: u64,
 }
 
 const IDLE: State = State {
@@ -62,6 +64,7 @@ const IDLE: State = State {
     send_rate: 0.0,
     finish_rate: 0.0,
     in_flight: 0,
+    slot_wait_steps: 0,
 };
 
 fn replica(id: ReplicaId) -> State {
@@ -95,6 +98,7 @@ fn views(states: &[State]) -> (Vec<ReplicaView>, LookupResult) {
                 send_rate: state.send_rate,
                 finish_rate: state.finish_rate,
                 request_active_blocks: state.in_flight,
+                slot_wait_steps: state.slot_wait_steps,
                 ..TrackedLoad::default()
             },
         })
@@ -344,6 +348,30 @@ fn the_costs_to_others_follow_the_send_rate_the_pool_and_its_turnover() {
     unknown.load.kv_blocks_total = 0;
     let prediction = predict(&unknown, found, PROMPT_TOKENS, &config);
     assert_eq!((prediction.eviction_s, prediction.memory_wait_s), (0.0, 0.0));
+}
+
+#[test]
+fn a_replica_running_all_the_sequences_it_may_is_as_slow_as_its_next_free_slot() {
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    let config = ScoringConfig::default();
+    // 100 decode steps of 20 ms until a running sequence finishes.
+    let (full, lookup) = views(&[State { slot_wait_steps: 100, gpu: 125, ..replica(0) }, replica(1)]);
+    let prediction = predict(&full[0], lookup.get(0), PROMPT_TOKENS, &config);
+    assert!(close(prediction.slot_wait_s, 2.0), "{prediction:?}");
+    assert!(close(prediction.queue_wait_s, 2.0), "the longest of the waits: {prediction:?}");
+    // Holding the whole prompt saves its 0.2 s of compute, not the 2 s wait for a slot.
+    check(
+        "a holder without a free slot loses",
+        &[State { slot_wait_steps: 100, gpu: 125, ..replica(0) }, replica(1)],
+        Some(1),
+    );
+    check(
+        "a holder a few steps from a free slot keeps it",
+        &[State { slot_wait_steps: 2, gpu: 125, ..replica(0) }, replica(1)],
+        Some(0),
+    );
+    let without = ScoringConfig { terms: CostTerms::ALL.without("slot-wait").unwrap(), ..config };
+    assert_eq!(predict(&full[0], lookup.get(0), PROMPT_TOKENS, &without).slot_wait_s, 0.0);
 }
 
 #[test]

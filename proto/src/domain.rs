@@ -278,6 +278,9 @@ pub struct LoadStats {
     /// The engine was inside a step when the batch was sent, which had run for `step_seconds`.
     pub step_in_progress: bool,
     pub step_seconds: f64,
+    /// Sequences the engine runs at once at most (a request beyond them waits for one to finish); 0 when
+    /// unknown.
+    pub max_running_requests: u32,
 }
 
 impl LoadStats {
@@ -316,6 +319,7 @@ impl TryFrom<pb::LoadStats> for LoadStats {
             queue_capacity: wire.queue_capacity,
             step_in_progress: wire.step_in_progress,
             step_seconds: rate("load.step_seconds", wire.step_seconds)?,
+            max_running_requests: wire.max_running_requests,
         })
     }
 }
@@ -337,6 +341,7 @@ impl From<LoadStats> for pb::LoadStats {
             queue_capacity: load.queue_capacity,
             step_in_progress: load.step_in_progress,
             step_seconds: load.step_seconds,
+            max_running_requests: load.max_running_requests,
         }
     }
 }

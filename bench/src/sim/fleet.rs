@@ -357,7 +357,8 @@ impl<'a> Fleet<'a> {
         self.index.add_pending(chosen, candidate.unreached(&route.hashes), now_ms, self.config.pending_ttl_ms);
         let cached = if route.attempt == 0 { route.predicted_cached } else { 0 };
         let uncached = route.request.prompt.len().saturating_sub(cached) as u64;
-        let ticket = self.ledger.sent(chosen, uncached, route.hashes.as_slice().into(), now_ms);
+        let output_tokens = route.request.max_tokens;
+        let ticket = self.ledger.sent(chosen, uncached, output_tokens, route.hashes.as_slice().into(), now_ms);
         let profile = &self.config.profile;
         let hashes = &route.hashes;
         let mut prefetched = Prefetched::default();
@@ -592,6 +593,7 @@ impl<'a> Fleet<'a> {
             network_tier_up: network,
             draining: false,
             queue_capacity: profile.max_waiting as u32,
+            max_running_requests: profile.max_running as u32,
             step_in_progress: false,
             step_seconds: 0.0,
         }

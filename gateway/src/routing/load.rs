@@ -14,7 +14,8 @@
 //! finished computing its prompt: from then on its prompt tokens are no longer queued there, even while the
 //! latest report (taken earlier) still counts them.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use kvroute_proto::BlockHash;
@@ -48,6 +49,8 @@ struct Sent {
     engine_id: Option<u64>,
     /// Prompt tokens it brings that the replica is not expected to hold.
     uncached_tokens: u64,
+    /// Tokens it may generate at most (its `max_tokens`): how long it holds a running slot.
+    output_tokens: u32,
     /// When its first token came back: its prompt is computed.
     prefilled_at: Option<Millis>,
 }
@@ -102,6 +105,68 @@ impl ReplicaLoad {
     fn counts(&self, request: &Sent) -> bool {
         request.engine_id.is_some_and(|id| id < self.next_request_id)
     }
+
+    /// Requests waiting and running there: the latest report's, plus the sent requests it does not count
+    /// (waiting until their first token, running after it).
+    fn requests(&self) -> (u32, u32) {
+        let (mut waiting, mut running) = (self.reported.waiting_requests, self.reported.running_requests);
+        for request in self.sent.values().filter(|request| !self.counts(request)) {
+            if request.prefilled_at.is_some() {
+                running = running.saturating_add(1);
+            } else {
+                waiting = waiting.saturating_add(1);
+            }
+        }
+        (waiting, running)
+    }
+
+    /// Decode steps until a running slot frees for one more request ([`TrackedLoad::slot_wait_steps`]).
+    fn slot_wait_steps(&self, now: Millis) -> u64 {
+        let cap = self.reported.max_running_requests as usize;
+        let (waiting, running) = self.requests();
+        let ahead = waiting as usize + running as usize;
+        if cap == 0 || ahead < cap || self.sent.is_empty() {
+            return 0;
+        }
+        let step_ms = self.reported.decode_step_seconds * 1000.0;
+        // A running request has generated about one token per decode step since its first; it holds its slot
+        // until it has generated its `max_tokens` (at least one step more).
+        let left = |request: &Sent| -> u64 {
+            let generated = match request.prefilled_at {
+                Some(at) if step_ms > 0.0 => (now.saturating_sub(at) as f64 / step_ms) as u64,
+                _ => 0,
+            };
+            u64::from(request.output_tokens).saturating_sub(generated).max(1)
+        };
+        let mut frees: BinaryHeap<Reverse<u64>> = BinaryHeap::with_capacity(ahead.max(cap));
+        let mut queued: Vec<(u64, u64)> = Vec::new();
+        for (serial, request) in &self.sent {
+            if request.prefilled_at.is_some() {
+                frees.push(Reverse(left(request)));
+            } else {
+                queued.push((*serial, left(request)));
+            }
+        }
+        // Requests of other senders: they hold their slots as long as this router's do, on average.
+        let known = self.sent.len();
+        if ahead > known {
+            let mean = self.sent.values().map(left).sum::<u64>() / known as u64;
+            frees.extend(std::iter::repeat_n(Reverse(mean), ahead - known));
+        }
+        // The queued requests take slots in the order they were sent, each as the earliest one frees.
+        queued.sort_unstable();
+        let mut free_at = 0;
+        for (_, steps) in queued {
+            while frees.len() >= cap {
+                free_at = frees.pop().map_or(free_at, |Reverse(at)| at);
+            }
+            frees.push(Reverse(free_at + steps));
+        }
+        while frees.len() >= cap {
+            free_at = frees.pop().map_or(free_at, |Reverse(at)| at);
+        }
+        free_at
+    }
 }
 
 /// The load of every replica a router sends to.
@@ -116,19 +181,20 @@ impl LoadLedger {
         LoadLedger::default()
     }
 
-    /// Counts a request sent to `replica` at `now` with `uncached_tokens` prompt tokens to compute there and
-    /// the prompt's full `blocks`.
+    /// Counts a request sent to `replica` at `now` with `uncached_tokens` prompt tokens to compute there, at
+    /// most `output_tokens` to generate, and the prompt's full `blocks`.
     pub fn sent(
         &mut self,
         replica: ReplicaId,
         uncached_tokens: u64,
+        output_tokens: u32,
         blocks: Arc<[BlockHash]>,
         now: Millis,
     ) -> SendTicket {
         let serial = self.next_serial;
         self.next_serial += 1;
         let entry = self.replicas.entry(replica).or_default();
-        entry.hold(Sent { blocks, engine_id: None, uncached_tokens, prefilled_at: None }, serial);
+        entry.hold(Sent { blocks, engine_id: None, uncached_tokens, output_tokens, prefilled_at: None }, serial);
         entry.sends.add(1, now);
         SendTicket { replica, serial }
     }
@@ -197,16 +263,13 @@ impl LoadLedger {
     pub fn load(&self, replica: ReplicaId, block_size: u32) -> LoadStats {
         let Some(entry) = self.replicas.get(&replica) else { return LoadStats::default() };
         let mut load = entry.reported.clone();
-        let (mut waiting, mut running, mut added, mut computed_since, mut new_blocks) = (0u32, 0u32, 0u64, 0u64, 0u64);
+        let (mut added, mut computed_since, mut new_blocks) = (0u64, 0u64, 0u64);
         for request in entry.sent.values() {
             if entry.counts(request) {
                 if request.prefilled_at.is_some_and(|at| at > entry.reported_at) {
                     computed_since += request.uncached_tokens;
                 }
-            } else if request.prefilled_at.is_some() {
-                running += 1;
-            } else {
-                waiting += 1;
+            } else if request.prefilled_at.is_none() {
                 added += request.uncached_tokens;
             }
             if !entry.counts(request) {
@@ -215,8 +278,7 @@ impl LoadLedger {
             }
         }
         load.kv_blocks_used = load.kv_blocks_used.saturating_add(new_blocks).min(load.kv_blocks_total);
-        load.waiting_requests = load.waiting_requests.saturating_add(waiting);
-        load.running_requests = load.running_requests.saturating_add(running);
+        (load.waiting_requests, load.running_requests) = entry.requests();
         load.queued_prefill_tokens = load.queued_prefill_tokens.saturating_sub(computed_since).saturating_add(added);
         load
     }
@@ -237,6 +299,7 @@ impl LoadLedger {
                 .sum(),
             active_blocks: entry.active.len() as u64,
             request_active_blocks: blocks.iter().take_while(|block| entry.active.contains_key(*block)).count() as u64,
+            slot_wait_steps: entry.slot_wait_steps(now),
         }
     }
 
@@ -263,6 +326,12 @@ pub struct TrackedLoad {
     /// Of the request being routed, the leading full blocks already active there (a request holds its
     /// whole chain, so these are all of its blocks that are).
     pub request_active_blocks: u64,
+    /// Decode steps until one more request gets a running slot there, when the engine runs as many
+    /// sequences as it may (its `max_running_requests`) and more wait: the requests ahead hold their slots
+    /// until they have generated their `max_tokens` (the running ones counted from their first token, at
+    /// one token per reported decode step), and the waiting ones take slots in the order they were sent.
+    /// 0 while a slot is free or the cap is unknown.
+    pub slot_wait_steps: u64,
 }
 
 /// Events per second, an exponential moving average over about [`RATE_WINDOW_MS`].
@@ -304,7 +373,7 @@ mod tests {
     fn a_request_counts_from_the_send_until_a_report_includes_it() {
         let mut ledger = LoadLedger::new();
         ledger.reported(0, 1, &load(0, 0), 5, &[], 0);
-        let ticket = ledger.sent(0, 100, blocks(&[]), 0);
+        let ticket = ledger.sent(0, 100, 1, blocks(&[]), 0);
         assert_eq!(counted(&ledger, 0), (1, 100), "sent, not acknowledged");
         ledger.accepted(ticket, 5);
         assert_eq!(counted(&ledger, 0), (1, 100), "acknowledged, not reported");
@@ -321,7 +390,7 @@ mod tests {
     #[test]
     fn an_acknowledgement_after_the_report_that_counts_it_is_not_counted_twice() {
         let mut ledger = LoadLedger::new();
-        let ticket = ledger.sent(3, 40, blocks(&[]), 0);
+        let ticket = ledger.sent(3, 40, 1, blocks(&[]), 0);
         ledger.reported(3, 1, &load(1, 40), 1, &[], 0);
         assert_eq!(counted(&ledger, 3), (2, 80), "the ledger cannot tell yet that the report counts it");
         ledger.accepted(ticket, 0);
@@ -332,9 +401,9 @@ mod tests {
     fn failed_requests_and_restarted_engines_stop_counting() {
         let mut ledger = LoadLedger::new();
         ledger.reported(1, 7, &load(0, 0), 10, &[], 0);
-        let failed = ledger.sent(1, 10, blocks(&[]), 0);
-        let accepted = ledger.sent(1, 20, blocks(&[]), 0);
-        let in_flight = ledger.sent(1, 30, blocks(&[]), 0);
+        let failed = ledger.sent(1, 10, 1, blocks(&[]), 0);
+        let accepted = ledger.sent(1, 20, 1, blocks(&[]), 0);
+        let in_flight = ledger.sent(1, 30, 1, blocks(&[]), 0);
         ledger.accepted(accepted, 12);
         ledger.abandoned(failed);
         assert_eq!(counted(&ledger, 1), (2, 50));
@@ -351,8 +420,8 @@ mod tests {
     fn a_first_token_takes_the_prompt_off_the_queue_before_any_report_does() {
         let mut ledger = LoadLedger::new();
         ledger.reported(2, 1, &load(0, 0), 0, &[], 0);
-        let early = ledger.sent(2, 300, blocks(&[]), 10);
-        let late = ledger.sent(2, 200, blocks(&[]), 10);
+        let early = ledger.sent(2, 300, 1, blocks(&[]), 10);
+        let late = ledger.sent(2, 200, 1, blocks(&[]), 10);
         ledger.accepted(early, 0);
         ledger.accepted(late, 1);
         ledger.prefilled(early, 20);
@@ -372,8 +441,8 @@ mod tests {
     fn tracked_load_counts_prompts_in_prefill_and_each_active_block_once() {
         let mut ledger = LoadLedger::new();
         ledger.reported(4, 1, &load(0, 0), 0, &[], 0);
-        let first = ledger.sent(4, 48, blocks(&[1, 2, 3]), 0);
-        let second = ledger.sent(4, 16, blocks(&[1, 2, 4]), 0);
+        let first = ledger.sent(4, 48, 1, blocks(&[1, 2, 3]), 0);
+        let second = ledger.sent(4, 16, 1, blocks(&[1, 2, 4]), 0);
         ledger.accepted(first, 0);
         ledger.accepted(second, 1);
         let tracked = ledger.tracked(4, &blocks(&[1, 2, 3, 9]), 0);
@@ -392,11 +461,65 @@ mod tests {
         assert_eq!((tracked.prefill_tokens, tracked.active_blocks, tracked.request_active_blocks), (0, 0, 0));
     }
 
+    /// A replica running at most `cap` sequences with 10 ms decode steps, as of `at`.
+    fn capped(cap: u32, waiting: u32, running: u32) -> LoadStats {
+        LoadStats {
+            waiting_requests: waiting,
+            running_requests: running,
+            max_running_requests: cap,
+            decode_step_seconds: 0.01,
+            ..LoadStats::default()
+        }
+    }
+
+    #[test]
+    fn a_full_replica_frees_a_slot_when_its_earliest_running_request_reaches_max_tokens() {
+        let mut ledger = LoadLedger::new();
+        ledger.reported(6, 1, &capped(2, 0, 0), 0, &[], 0);
+        let long = ledger.sent(6, 10, 100, blocks(&[]), 0);
+        assert_eq!(ledger.tracked(6, &[], 0).slot_wait_steps, 0, "a slot is free");
+        let short = ledger.sent(6, 10, 60, blocks(&[]), 0);
+        ledger.accepted(long, 0);
+        ledger.accepted(short, 1);
+        ledger.prefilled(long, 100);
+        ledger.prefilled(short, 100);
+        ledger.reported(6, 1, &capped(2, 0, 2), 2, &[], 100);
+        // 500 ms after their first tokens both have generated 50 tokens: the short one has 10 to go.
+        assert_eq!(ledger.tracked(6, &[], 600).slot_wait_steps, 10);
+        // A request sent before this one takes that slot and holds it for its 30 tokens; the long one's
+        // slot frees at 50.
+        let queued = ledger.sent(6, 10, 30, blocks(&[]), 600);
+        assert_eq!(ledger.tracked(6, &[], 600).slot_wait_steps, 40);
+        ledger.reported(6, 1, &capped(2, 1, 2), 3, &[], 600);
+        ledger.accepted(queued, 2);
+        assert_eq!(ledger.tracked(6, &[], 600).slot_wait_steps, 40, "counted once, reported or not");
+        // An engine of unknown cap, or one that has not measured a decode step, never makes it wait longer
+        // than its requests' whole outputs.
+        ledger.reported(6, 1, &capped(0, 1, 2), 3, &[], 600);
+        assert_eq!(ledger.tracked(6, &[], 600).slot_wait_steps, 0);
+        ledger.reported(6, 1, &LoadStats { decode_step_seconds: 0.0, ..capped(2, 1, 2) }, 3, &[], 600);
+        assert_eq!(ledger.tracked(6, &[], 600).slot_wait_steps, 60 + 30);
+    }
+
+    #[test]
+    fn requests_of_other_senders_hold_their_slots_as_long_as_this_routers_on_average() {
+        let mut ledger = LoadLedger::new();
+        ledger.reported(7, 1, &capped(3, 0, 0), 0, &[], 0);
+        let mine = ledger.sent(7, 10, 40, blocks(&[]), 0);
+        ledger.accepted(mine, 0);
+        ledger.prefilled(mine, 0);
+        // Three running, two of them another router's; the cap is three.
+        ledger.reported(7, 1, &capped(3, 0, 3), 3, &[], 0);
+        assert_eq!(ledger.tracked(7, &[], 0).slot_wait_steps, 40);
+        ledger.reported(7, 1, &capped(3, 0, 2), 3, &[], 0);
+        assert_eq!(ledger.tracked(7, &[], 0).slot_wait_steps, 0, "a slot is free");
+    }
+
     #[test]
     fn send_and_finish_rates_average_over_the_window() {
         let mut ledger = LoadLedger::new();
         for second in 0..100 {
-            ledger.sent(5, 1, blocks(&[]), second * 1000);
+            ledger.sent(5, 1, 1, blocks(&[]), second * 1000);
         }
         let rate = ledger.tracked(5, &[], 99_000).send_rate;
         // The average of whole events over a 10 s window reads one a second 5% high.

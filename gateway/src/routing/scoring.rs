@@ -167,6 +167,8 @@ pub struct CostTerms {
     pub eviction: bool,
     /// [`Prediction::memory_wait_s`].
     pub memory_wait: bool,
+    /// [`Prediction::slot_wait_s`].
+    pub slot_wait: bool,
     /// Blocks of this router's unfinished requests on a replica count as held there.
     pub in_flight: bool,
     /// The delay to others counts the running sequences' next tokens too.
@@ -179,12 +181,13 @@ impl CostTerms {
         delay_to_others: true,
         eviction: true,
         memory_wait: true,
+        slot_wait: true,
         in_flight: true,
         decode_delay: true,
     };
     /// Their names, as `kvroute-sim --without` takes them.
-    pub const NAMES: [&str; 6] =
-        ["mean-floor", "delay-to-others", "eviction", "memory-wait", "in-flight", "decode-delay"];
+    pub const NAMES: [&str; 7] =
+        ["mean-floor", "delay-to-others", "eviction", "memory-wait", "slot-wait", "in-flight", "decode-delay"];
 
     /// These terms less the one named `name`, or None for an unknown name.
     pub fn without(self, name: &str) -> Option<CostTerms> {
@@ -194,6 +197,7 @@ impl CostTerms {
             "delay-to-others" => terms.delay_to_others = false,
             "eviction" => terms.eviction = false,
             "memory-wait" => terms.memory_wait = false,
+            "slot-wait" => terms.slot_wait = false,
             "in-flight" => terms.in_flight = false,
             "decode-delay" => terms.decode_delay = false,
             _ => return None,
@@ -224,10 +228,14 @@ impl Exclusion {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Prediction {
     /// The wait before its prompt is computed: the prompt tokens queued ahead at the replica's prefill
-    /// rate plus one decode-only step, or, when longer, [`Prediction::memory_wait_s`].
+    /// rate plus one decode-only step, or, when longer, [`Prediction::memory_wait_s`] or
+    /// [`Prediction::slot_wait_s`].
     pub queue_wait_s: f64,
     /// The wait for the replica's pool to free blocks for the prompts queued there and this one's.
     pub memory_wait_s: f64,
+    /// The wait for a running slot when the engine runs all the sequences it may:
+    /// [`TrackedLoad::slot_wait_steps`] decode steps of the replica's.
+    pub slot_wait_s: f64,
     /// Unmatched tokens at the replica's prefill rate.
     pub compute_s: f64,
     /// Host hits: reload or recompute, whichever is cheaper.
@@ -354,7 +362,12 @@ pub fn predict(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize, co
     // progress and the running sequences' share of the step that computes this prompt.
     let compute_wait_s = load.queued_prefill_tokens as f64 / rate + positive_or(load.decode_step_seconds, 0.0);
     let memory_wait_s = if config.terms.memory_wait { memory_wait_s(view, found, prompt_tokens) } else { 0.0 };
-    let queue_wait_s = compute_wait_s.max(memory_wait_s);
+    let slot_wait_s = if config.terms.slot_wait {
+        view.tracked.slot_wait_steps as f64 * positive_or(load.decode_step_seconds, 0.0)
+    } else {
+        0.0
+    };
+    let queue_wait_s = compute_wait_s.max(memory_wait_s).max(slot_wait_s);
     let compute_s = unmatched_tokens / rate;
     let host_s = tier_s(found.host_blocks, host_bandwidth);
     let network_s = tier_s(found.network_blocks, network_bandwidth);
@@ -364,6 +377,7 @@ pub fn predict(view: &ReplicaView, found: ReplicaMatch, prompt_tokens: usize, co
     Prediction {
         queue_wait_s,
         memory_wait_s,
+        slot_wait_s,
         compute_s,
         host_s,
         network_s,

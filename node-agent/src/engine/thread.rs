@@ -321,6 +321,7 @@ impl<E: Executor> EngineLoop<E> {
             network_tier_up: self.network.as_ref().is_some_and(NetworkTier::is_up),
             draining: self.draining,
             queue_capacity: self.engine.config().max_waiting as u32,
+            max_running_requests: self.engine.config().max_running as u32,
             step_in_progress: false,
             step_seconds: 0.0,
         }
