@@ -153,7 +153,7 @@ if [[ " $selected " == *" ablation "* ]]; then
   abl=$out/ablation
   mkdir -p "$rob/traces" "$abl"
   bench/robustness-traces.py "$rob/traces"
-  variants=("all" mean-floor delay-to-others eviction memory-wait in-flight decode-delay)
+  variants=("all" mean-floor delay-to-others eviction memory-wait slot-wait in-flight decode-delay)
   cells=(trace:1 trace:4 rag:4 fewshot:2 timestamp-top:2 shared-prefix:1 shared-prefix:2 zipf-docs:1 many-tenants:4
     bursty:4 agentic-long:1 long-short:2)
   for spec in "${cells[@]}"; do
@@ -253,7 +253,7 @@ from robustness_verdict import misses
 rob, cells = sys.argv[1], sys.argv[2:]
 print("robustness: cache_aware against the best other policy per cell (TTFT in s; hit: cached prompt fraction;")
 print("429s: requests cache_aware's replicas refused, against the fewest of the others). verdict: the target as")
-print("written; served: the same with TTFT compared only against the policies that refused no fewer requests")
+print("written; served: the same with TTFT compared only against the policies that refused no more requests")
 print("(a policy that refuses more has its TTFT over fewer requests)")
 print(f"{'cell':<36} {'ca mean':>8} {'best mean':>17} {'ca p99':>8} {'best p99':>17} {'ca hit':>6} "
       f"{'best hit':>16} {'429s':>11} verdict / served")
@@ -275,7 +275,7 @@ for cell in cells:
     print(f"{cell:<36} {ca['ttft_mean_s']:8.3f} {mean['ttft_mean_s']:8.3f} {mean['policy']:>8} "
           f"{ca['ttft_p99_s']:8.2f} {p99['ttft_p99_s']:8.2f} {p99['policy']:>8} {ca['hit_ratio']:6.3f} "
           f"{hit['hit_ratio']:6.3f} {hit['policy']:>9} {ca['rejected']:5d}/{fewest_refused:<5d} {verdict} / {served}")
-print(f"{met} of {len(cells)} cells met; {served_met} met comparing TTFT only with policies that refused no fewer")
+print(f"{met} of {len(cells)} cells met; {served_met} met comparing TTFT only with policies that refused no more")
 EOF
   # The trace families on Dynamo's mocker engine, beside Dynamo's real router on the same trace.
   if [ "${ROBUSTNESS_DYNAMO:-1}" = 1 ] && dynamo_python=$(scripts/tools/dynamo.sh); then
