@@ -157,16 +157,22 @@ impl ReplicaLoad {
         queued.sort_unstable();
         let mut free_at = 0;
         for (_, steps) in queued {
-            while frees.len() >= cap {
-                free_at = frees.pop().map_or(free_at, |Reverse(at)| at);
-            }
+            free_at = next_free_slot(&mut frees, cap, free_at);
             frees.push(Reverse(free_at + steps));
         }
-        while frees.len() >= cap {
-            free_at = frees.pop().map_or(free_at, |Reverse(at)| at);
-        }
-        free_at
+        next_free_slot(&mut frees, cap, free_at)
     }
+}
+
+/// When a slot frees for one more request among `frees` (the steps at which taken slots free) with `cap`
+/// slots: pops the earliest until fewer than `cap` are taken, returning the last popped (`after` if none).
+fn next_free_slot(frees: &mut BinaryHeap<Reverse<u64>>, cap: usize, after: u64) -> u64 {
+    let mut at = after;
+    while frees.len() >= cap.max(1) {
+        let Some(Reverse(free)) = frees.pop() else { break };
+        at = free;
+    }
+    at
 }
 
 /// The load of every replica a router sends to.
