@@ -136,6 +136,9 @@ def check_vllm(where, args, agent_args):
             fail(f"{where}: vLLM's {key} {config.get(key)!r} and the agent's {flag}={agent.get(flag)} disagree")
     if engine.get("--model") != agent.get("--model-dir"):
         fail(f"{where}: vLLM loads {engine.get('--model')}, the agent reads --model-dir={agent.get('--model-dir')}")
+    if engine.get("--max-num-seqs") != agent.get("--engine-max-running"):
+        fail(f"{where}: vLLM runs --max-num-seqs={engine.get('--max-num-seqs')}, the agent reports "
+             f"--engine-max-running={agent.get('--engine-max-running')}")
     if engine.get("--served-model-name") != agent.get("--engine-model"):
         fail(f"{where}: vLLM serves {engine.get('--served-model-name')!r}, the agent asks for {agent.get('--engine-model')!r}")
     print(f"   {where}: agrees with its node-agent ({url}, KV events {config['endpoint']}, block size {block})")

@@ -6,6 +6,8 @@
 //! Against a running gateway with one tiny-random agent behind it (builtin tokenizer):
 //!   deploy/local/up.sh --agents 1 --model tiny-random
 //!   cargo run --release -p kvroute-gateway --example gateway_overhead -- 127.0.0.1:8080 127.0.0.1:50061
+//! A gateway whose tokenizer is a model's `tokenizer.json` (an agent in front of vLLM, SGLang or kvroute-stub)
+//! needs that file as a third argument, so that the ids sent straight to the agent are the model's.
 
 use std::time::{Duration, Instant};
 
@@ -22,8 +24,15 @@ const THROUGHPUT_SECONDS: u64 = 10;
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [gateway, agent] = args.as_slice() else { bail!("usage: gateway_overhead GATEWAY_HTTP_ADDR AGENT_GRPC_ADDR") };
-    let tokenizer = Tokenizer::builtin();
+    let (gateway, agent, tokenizer) = match args.as_slice() {
+        [gateway, agent] => (gateway, agent, Tokenizer::builtin()),
+        [gateway, agent, path] => (
+            gateway,
+            agent,
+            Tokenizer::from_tokenizer_json(std::path::Path::new(path)).with_context(|| format!("loading {path}"))?,
+        ),
+        _ => bail!("usage: gateway_overhead GATEWAY_HTTP_ADDR AGENT_GRPC_ADDR [TOKENIZER_JSON]"),
+    };
     for prompt_tokens in [2000, 200] {
         let text = prompt_of(&tokenizer, prompt_tokens);
         let ids = tokenizer.encode(&text);

@@ -152,6 +152,12 @@ pub struct ServeArgs {
     /// Seconds to wait at start for the engine to answer (it may still be loading its model).
     #[arg(long, default_value_t = 600)]
     pub engine_start_timeout_secs: u64,
+    /// Sequences the engine runs at once at most (vLLM `--max-num-seqs`, SGLang `--max-running-requests`),
+    /// reported to gateways so that routing predicts the wait for a running slot. SGLang's is read from its
+    /// `/server_info` unless this is given; vLLM publishes none, so without this a vLLM replica's cap is
+    /// unknown and routing predicts no slot wait there.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub engine_max_running: Option<u32>,
     /// How often (ms) the agent reads its engine's `/health` and `/metrics` (the load gauges it reports, and
     /// the liveness check: three failed reads in a row mark the engine down).
     #[arg(long, default_value_t = crate::external::DEFAULT_POLL_INTERVAL.as_millis() as u64, value_parser = clap::value_parser!(u64).range(10..=60_000))]
@@ -198,8 +204,15 @@ impl ServeArgs {
             ("--model-dir", self.model_dir.is_some()),
         ];
         if self.engine == EngineKind::Builtin {
-            let replay = [("--engine-kv-replay", self.engine_kv_replay.is_some())];
-            return match external.iter().chain(&replay).filter(|(_, given)| *given).map(|(flag, _)| *flag).next() {
+            let extra = [
+                ("--engine-kv-replay", self.engine_kv_replay.is_some()),
+                ("--engine-max-running", self.engine_max_running.is_some()),
+            ];
+            return match external.iter().chain(&extra).filter(|(_, given)| *given).map(|(flag, _)| *flag).next() {
+                Some("--engine-max-running") => {
+                    Err("--engine-max-running is for --engine vllm|sglang; the built-in engine's is --max-running"
+                        .into())
+                }
                 Some(flag) => Err(format!("{flag} needs --engine vllm or --engine sglang")),
                 None => Ok(()),
             };

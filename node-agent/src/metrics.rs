@@ -20,6 +20,7 @@ pub const GENERATED_TOKENS: &str = "kvroute_agent_generated_tokens_total";
 pub const PREEMPTIONS: &str = "kvroute_agent_preemptions_total";
 pub const REQUESTS_WAITING: &str = "kvroute_agent_requests_waiting";
 pub const REQUESTS_RUNNING: &str = "kvroute_agent_requests_running";
+pub const MAX_RUNNING_REQUESTS: &str = "kvroute_agent_max_running_requests";
 pub const REQUESTS_FINISHED: &str = "kvroute_agent_requests_finished_total";
 pub const REQUESTS_REJECTED: &str = "kvroute_agent_requests_rejected_total";
 pub const REQUESTS_CANCELLED: &str = "kvroute_agent_requests_cancelled_total";
@@ -58,6 +59,10 @@ fn describe() {
     describe_counter!(PREEMPTIONS, "Running sequences preempted for lack of KV blocks, by mode.");
     describe_gauge!(REQUESTS_WAITING, "Requests queued for admission.");
     describe_gauge!(REQUESTS_RUNNING, "Requests in the running batch.");
+    describe_gauge!(
+        MAX_RUNNING_REQUESTS,
+        "Sequences the engine runs at once at most, as reported to gateways (0: unknown)."
+    );
     describe_counter!(REQUESTS_FINISHED, "Requests that finished or were dropped by their client.");
     describe_counter!(REQUESTS_REJECTED, "Requests refused at submission, by reason.");
     describe_counter!(
@@ -147,6 +152,7 @@ fn record_load(load: &LoadStats) {
     gauge!(KV_BLOCKS_USED).set(load.kv_blocks_used as f64);
     gauge!(REQUESTS_WAITING).set(f64::from(load.waiting_requests));
     gauge!(REQUESTS_RUNNING).set(f64::from(load.running_requests));
+    gauge!(MAX_RUNNING_REQUESTS).set(f64::from(load.max_running_requests));
     gauge!(PREFILL_TOKENS_PER_SECOND).set(load.prefill_tokens_per_second);
     gauge!(DECODE_STEP_SECONDS).set(load.decode_step_seconds);
 }

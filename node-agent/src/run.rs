@@ -154,6 +154,10 @@ async fn serve_external(args: ServeArgs) -> anyhow::Result<()> {
     let wait = Duration::from_secs(args.engine_start_timeout_secs);
     let (facts, tokenizer) =
         external::startup::discover(args.engine, endpoint, args.engine_model.as_deref(), &model_dir, wait).await?;
+    let facts = external::EngineFacts {
+        max_running_requests: args.engine_max_running.unwrap_or(facts.max_running_requests),
+        ..facts
+    };
     let (agent_id, epoch) = identity(&args);
     let geometry = external::startup::kv_geometry(&model_dir);
     // kvroute's blocks in engine mode: the translator re-hashes the engine's blocks in these (validate()

@@ -2,13 +2,14 @@
 //! prompt), streamed and not, for text, token-id and chat prompts; bad input is a 400 with a JSON error;
 //! and kvroute's engine-mode agent fronts it as it fronts vLLM: the agent's start-up checks pass
 //! (`/v1/models`, `/metrics`, `/tokenize` with the chat template), the stub's KV events reach the
-//! gateway's index, and the gateway predicts exactly the hit the stub then reports.
+//! gateway's index, and the gateway predicts exactly the hit the stub then reports; the agent reports the
+//! engine's cap on running sequences it is given.
 
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
 
-use kvroute_test_support::services::{AgentProcess, GatewayProcess, StubProcess};
+use kvroute_test_support::services::{AgentProcess, GatewayProcess, StubProcess, metric_series};
 use kvroute_test_support::{http_request, vllm};
 use serde_json::{Value, json};
 
@@ -144,4 +145,36 @@ fn kvroute_fronts_the_stub_and_learns_its_blocks_from_its_kv_events() {
     assert_eq!(cached, (prompt_tokens - 1) / 16 * 16, "{second}");
     let predicted = gateway.metric("kvroute_gateway_predicted_cached_tokens_total") - predicted_before;
     assert_eq!(predicted as u64, cached, "the gateway predicts the hit the stub reports");
+}
+
+#[test]
+fn the_agent_reports_the_engine_cap_on_running_sequences_it_is_given() {
+    let model_dir = vllm::model_dir();
+    let stub = StubProcess::start(&model_dir);
+    let agent = |extra: &[&str]| {
+        let (url, events, dir) = (
+            format!("http://{}", stub.http),
+            format!("tcp://{}", stub.events),
+            model_dir.to_str().unwrap().to_string(),
+        );
+        let mut args =
+            vec!["--engine", "vllm", "--engine-url", &url, "--engine-kv-events", &events, "--model-dir", &dir];
+        args.extend_from_slice(extra);
+        AgentProcess::start(&args)
+    };
+    // vLLM publishes no cap: unknown (0) unless the operator gives the one the engine runs with.
+    let told = agent(&["--engine-max-running", "5"]);
+    let untold = agent(&[]);
+    for (agent, cap) in [(&told, 5.0), (&untold, 0.0)] {
+        kvroute_test_support::wait_until("the agent's reported cap", Duration::from_secs(30), || match metric_series(
+            agent.metrics,
+            "kvroute_agent_max_running_requests",
+        )
+        .as_slice()
+        {
+            [(_, value)] if *value == cap => Ok(()),
+            series => Err(format!("{series:?}, expected {cap}")),
+        })
+        .unwrap_or_else(|message| panic!("{message}\n{}", agent.process.log_tail()));
+    }
 }

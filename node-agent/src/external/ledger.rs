@@ -21,6 +21,8 @@ pub struct Ledger {
     gauges: EngineGauges,
     /// kvroute blocks (of 16 tokens) the engine's KV cache holds.
     kv_blocks_total: u64,
+    /// Sequences the engine runs at once at most (0: unknown).
+    max_running_requests: u32,
 }
 
 #[derive(Debug)]
@@ -34,7 +36,7 @@ struct Open {
 
 impl Ledger {
     /// Engine ids start at 1 (0 is "not acknowledged" on the wire).
-    pub fn new(kv_blocks_total: u64) -> Ledger {
+    pub fn new(kv_blocks_total: u64, max_running_requests: u32) -> Ledger {
         Ledger {
             next_request_id: 1,
             open: HashMap::new(),
@@ -42,6 +44,7 @@ impl Ledger {
             rates: StepRates::default(),
             gauges: EngineGauges::default(),
             kv_blocks_total,
+            max_running_requests,
         }
     }
 
@@ -118,6 +121,7 @@ impl Ledger {
             prefill_tokens_per_second: self.rates.prefill_tokens_per_second(),
             decode_step_seconds: self.rates.decode_step_seconds(),
             draining,
+            max_running_requests: self.max_running_requests,
             ..LoadStats::default()
         }
     }
@@ -129,13 +133,14 @@ mod tests {
 
     #[test]
     fn open_requests_are_the_load_until_closed_and_their_ids_are_reported_once() {
-        let mut ledger = Ledger::new(100);
+        let mut ledger = Ledger::new(100, 48);
         let (a, b) = (ledger.open(300), ledger.open(50));
         assert_eq!((a, b, ledger.next_request_id()), (1, 2, 3));
         ledger.set_gauges(EngineGauges { waiting: Some(5.0), kv_usage: Some(0.5), ..EngineGauges::default() });
         let load = ledger.load(false);
         assert_eq!((load.running_requests, load.waiting_requests), (0, 2), "waiting never exceeds the open requests");
         assert_eq!((load.queued_prefill_tokens, load.kv_blocks_used, load.kv_blocks_total), (350, 50, 100));
+        assert_eq!(load.max_running_requests, 48, "the engine's cap goes out with every load");
         ledger.tokens(a, 1, 10.0, 0.5);
         assert_eq!(ledger.load(false).queued_prefill_tokens, 50);
         ledger.close(a, Some(100));
@@ -149,7 +154,7 @@ mod tests {
 
     #[test]
     fn decode_step_time_is_the_gap_between_tokens() {
-        let mut ledger = Ledger::new(0);
+        let mut ledger = Ledger::new(0, 0);
         let id = ledger.open(10);
         ledger.tokens(id, 1, 1.0, 0.1);
         ledger.tokens(id, 1, 1.05, 0.15);

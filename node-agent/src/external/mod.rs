@@ -78,6 +78,8 @@ pub struct EngineFacts {
     pub engine_block_size: u32,
     /// kvroute blocks (of 16 tokens) the engine's KV cache holds; 0 when it does not say.
     pub kv_blocks_total: u64,
+    /// Sequences the engine runs at once at most; 0 when unknown.
+    pub max_running_requests: u32,
 }
 
 /// The agent's end of its engine: the request path, the poller and the event feed share it.
@@ -112,7 +114,7 @@ impl ExternalEngine {
         publisher: PublisherHandle,
         translator: Arc<Mutex<Translator>>,
     ) -> ExternalEngine {
-        let ledger = Mutex::new(Ledger::new(facts.kv_blocks_total));
+        let ledger = Mutex::new(Ledger::new(facts.kv_blocks_total, facts.max_running_requests));
         ExternalEngine {
             inner: Arc::new(Inner {
                 facts,

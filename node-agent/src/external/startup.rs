@@ -92,15 +92,25 @@ pub fn served_model(models: &Value, expected: Option<&str>) -> anyhow::Result<(S
     Ok((name, max_model_len))
 }
 
-/// The engine's block size and KV blocks: vLLM's `cache_config_info` metric, SGLang's `/server_info`
-/// `page_size`. Refused unless a multiple of [`DEFAULT_BLOCK_SIZE`].
-pub async fn block_geometry(kind: EngineKind, endpoint: &Endpoint) -> anyhow::Result<(u32, u64)> {
-    let (block_size, blocks) = match kind {
+/// What the engine says of its KV cache and batch: the block size, the KV blocks (kvroute's, of 16 tokens)
+/// and the sequences it runs at once at most (0: it does not say).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineLimits {
+    pub block_size: u32,
+    pub kv_blocks: u64,
+    pub max_running_requests: u32,
+}
+
+/// The engine's [`EngineLimits`]: vLLM's `cache_config_info` metric (vLLM publishes no cap on running
+/// sequences), SGLang's `/server_info`. Refused unless the block size is a multiple of
+/// [`DEFAULT_BLOCK_SIZE`].
+pub async fn engine_limits(kind: EngineKind, endpoint: &Endpoint) -> anyhow::Result<EngineLimits> {
+    let (block_size, blocks, max_running_requests) = match kind {
         EngineKind::Sglang => {
             let info = endpoint.get_json("/server_info", CALL_TIMEOUT).await.map_err(anyhow::Error::msg)?;
             let page = info.get("page_size").and_then(Value::as_u64).unwrap_or(1);
             let tokens = info.get("max_total_num_tokens").and_then(Value::as_u64).unwrap_or(0);
-            (page as u32, tokens / page.max(1))
+            (page as u32, tokens / page.max(1), sglang_max_running(&info))
         }
         _ => {
             let (status, body) = endpoint
@@ -112,7 +122,7 @@ pub async fn block_geometry(kind: EngineKind, endpoint: &Endpoint) -> anyhow::Re
             let block_size = gauges.block_size.ok_or_else(|| {
                 anyhow::anyhow!("the engine's /metrics has no vllm:cache_config_info with its block size")
             })?;
-            (block_size, gauges.num_blocks.unwrap_or(0))
+            (block_size, gauges.num_blocks.unwrap_or(0), 0)
         }
     };
     anyhow::ensure!(
@@ -120,7 +130,24 @@ pub async fn block_geometry(kind: EngineKind, endpoint: &Endpoint) -> anyhow::Re
         "unsupported engine block size {block_size}: kvroute hashes blocks of {DEFAULT_BLOCK_SIZE} tokens, so the \
          engine's must be a multiple of {DEFAULT_BLOCK_SIZE} (vLLM --block-size, SGLang --page-size)"
     );
-    Ok((block_size, blocks * u64::from(block_size / DEFAULT_BLOCK_SIZE)))
+    Ok(EngineLimits {
+        block_size,
+        kv_blocks: blocks * u64::from(block_size / DEFAULT_BLOCK_SIZE),
+        max_running_requests,
+    })
+}
+
+/// SGLang's cap on running requests from its `/server_info`: `max_running_requests` when set, else what
+/// its scheduler derived (`internal_states[0].effective_max_running_requests_per_dp`, per data-parallel
+/// rank, times `dp_size`); 0 when neither is there.
+fn sglang_max_running(info: &Value) -> u32 {
+    let number = |value: Option<&Value>| value.and_then(Value::as_u64).filter(|n| *n > 0);
+    let per_rank = number(info.get("max_running_requests")).map(|cap| (cap, 1)).or_else(|| {
+        let state = info.get("internal_states").and_then(|states| states.get(0))?;
+        let per_rank = number(state.get("effective_max_running_requests_per_dp"))?;
+        Some((per_rank, number(info.get("dp_size")).unwrap_or(1)))
+    });
+    per_rank.map_or(0, |(cap, ranks)| cap.saturating_mul(ranks).min(u64::from(u32::MAX)) as u32)
 }
 
 /// The model directory's tokenizer (`tokenizer.json`, with `tokenizer_config.json` beside it).
@@ -236,10 +263,19 @@ pub async fn discover(
     let tokenizer = load_tokenizer(model_dir)?;
     let models = wait_for_engine(&endpoint, wait).await?;
     let (model, max_model_len) = served_model(&models, expected_model)?;
-    let (engine_block_size, kv_blocks_total) = block_geometry(kind, &endpoint).await?;
+    let limits = engine_limits(kind, &endpoint).await?;
     check_tokenizer(&endpoint, &model, &tokenizer).await?;
     check_chat_template(&endpoint, &model, &tokenizer).await?;
-    Ok((EngineFacts { kind, endpoint, model, max_model_len, engine_block_size, kv_blocks_total }, tokenizer))
+    let facts = EngineFacts {
+        kind,
+        endpoint,
+        model,
+        max_model_len,
+        engine_block_size: limits.block_size,
+        kv_blocks_total: limits.kv_blocks,
+        max_running_requests: limits.max_running_requests,
+    };
+    Ok((facts, tokenizer))
 }
 
 #[cfg(test)]
@@ -268,5 +304,23 @@ mod tests {
         let geometry = kv_geometry(dir.path());
         assert_eq!((geometry.num_layers, geometry.num_kv_heads, geometry.head_dim), (30, 3, 64));
         assert_eq!(kv_geometry(Path::new("/nonexistent")).num_layers, 0);
+    }
+
+    #[test]
+    fn sglangs_cap_on_running_requests_comes_from_its_server_info() {
+        // A real SGLang 0.5.23 server's answer: no --max-running-requests given, its scheduler derived 2048.
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sglang/http/server_info.json");
+        let recorded: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        assert_eq!(recorded["max_running_requests"], Value::Null);
+        assert_eq!(sglang_max_running(&recorded), 2048);
+        // Two data-parallel ranks run twice as many; a cap the operator set is the server's whole cap.
+        let mut two_ranks = recorded.clone();
+        two_ranks["dp_size"] = json!(2);
+        assert_eq!(sglang_max_running(&two_ranks), 4096);
+        let mut set = two_ranks;
+        set["max_running_requests"] = json!(48);
+        assert_eq!(sglang_max_running(&set), 48);
+        assert_eq!(sglang_max_running(&json!({"page_size": 16})), 0);
+        assert_eq!(sglang_max_running(&json!({"max_running_requests": "many", "internal_states": []})), 0);
     }
 }

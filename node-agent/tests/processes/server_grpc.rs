@@ -158,35 +158,30 @@ async fn a_full_queue_answers_resource_exhausted() {
 #[test]
 fn check_config_and_capacity_commands() {
     let binary = env!("CARGO_BIN_EXE_node-agent");
-    let ok = Command::new(binary)
-        .args(["--kv-cache-bytes", "1GiB", "--kv-dtype", "fp8", "--check-config"])
-        .output()
-        .unwrap();
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
-    let bad = Command::new(binary).args(["--kv-dtype", "int3", "--check-config"]).output().unwrap();
-    assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("int3"));
-    let threads = Command::new(binary).args(["--compute-threads", "1", "--check-config"]).output().unwrap();
-    assert!(threads.status.success(), "{}", String::from_utf8_lossy(&threads.stderr));
-    let external =
-        ["--engine", "vllm", "--engine-url", "http://127.0.0.1:1", "--engine-kv-events", "tcp://127.0.0.1:2"];
-    let step_log = Command::new(binary)
-        .args(external)
-        .args(["--model-dir", ".", "--step-log", "s", "--check-config"])
-        .output()
-        .unwrap();
-    assert!(!step_log.status.success());
-    assert!(String::from_utf8_lossy(&step_log.stderr).contains("--step-log"));
-    let block_size = Command::new(binary)
-        .args(external)
-        .args(["--model-dir", ".", "--block-size", "32", "--check-config"])
-        .output()
-        .unwrap();
-    assert!(!block_size.status.success());
-    assert!(String::from_utf8_lossy(&block_size.stderr).contains("--block-size 32"));
-    let no_threads = Command::new(binary).args(["--compute-threads", "0", "--check-config"]).output().unwrap();
-    assert!(!no_threads.status.success());
-    assert!(String::from_utf8_lossy(&no_threads.stderr).contains("compute-threads"));
+    // `--check-config` with `args`: accepted, or refused with an error that mentions `named`.
+    let accepted = |args: &[&str]| {
+        let out = Command::new(binary).args(args).arg("--check-config").output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let refused = |args: &[&str], named: &str| {
+        let out = Command::new(binary).args(args).arg("--check-config").output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(named), "{args:?} should be refused naming {named}: {stderr}");
+    };
+    accepted(&["--kv-cache-bytes", "1GiB", "--kv-dtype", "fp8"]);
+    refused(&["--kv-dtype", "int3"], "int3");
+    accepted(&["--compute-threads", "1"]);
+    refused(&["--compute-threads", "0"], "compute-threads");
+    let external = |more: &[&'static str]| -> Vec<&'static str> {
+        let base =
+            ["--engine", "vllm", "--engine-url", "http://127.0.0.1:1", "--engine-kv-events", "tcp://127.0.0.1:2"];
+        base.iter().chain(["--model-dir", "."].iter()).chain(more).copied().collect()
+    };
+    refused(&external(&["--step-log", "s"]), "--step-log");
+    refused(&external(&["--block-size", "32"]), "--block-size 32");
+    accepted(&external(&["--engine-max-running", "64"]));
+    refused(&external(&["--engine-max-running", "0"]), "--engine-max-running");
+    refused(&["--engine-max-running", "64"], "--max-running");
     let capacity = Command::new(binary)
         .args(["capacity", "--layers", "32", "--kv-heads", "32", "--head-dim", "128", "--memory", "53GiB"])
         .args(["--reserved-tokens", "8192", "--used-tokens", "2270"])
