@@ -7,11 +7,10 @@
 #![allow(clippy::unwrap_used)]
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use kvroute_node_agent::block_manager::VecSink;
 use kvroute_node_agent::engine::model_executor::ModelExecutor;
-use kvroute_node_agent::engine::{Engine, EngineConfig, GenerateError, ManualClock, Output, PreemptionMode};
+use kvroute_node_agent::engine::{Engine, EngineConfig, GenerateError, Output, PreemptionMode};
 use kvroute_node_agent::model::{KvStore, Model};
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, FinishReason, KvDtype, SamplingParams};
 
@@ -255,20 +254,4 @@ fn bad_requests_and_a_full_queue_are_refused() {
     engine.submit(request(&[1, 2], 2), sink()).unwrap();
     let full = engine.submit(request(&[1, 2], 2), sink());
     assert!(matches!(full, Err(GenerateError::Overloaded(_))));
-}
-
-#[test]
-fn a_queue_that_waited_too_long_refuses_new_requests_until_it_drains() {
-    let config = EngineConfig { max_queue_delay: Some(Duration::from_millis(50)), ..EngineConfig::default() };
-    // The engine's clock moves only when the test moves it: the queue has waited exactly as long as it says.
-    let clock = ManualClock::default();
-    let mut engine = engine(64, 4, config).with_clock(Box::new(clock.clone()));
-    let sink = || Box::new(|_: Output| true);
-    engine.submit(request(&[1, 2], 2), sink()).unwrap();
-    engine.submit(request(&[3, 4], 2), sink()).unwrap();
-    clock.set(Duration::from_millis(80));
-    let refused = engine.submit(request(&[5, 6], 2), sink());
-    assert!(matches!(refused, Err(GenerateError::Overloaded(m)) if m.contains("would wait")));
-    run_to_end(&mut engine);
-    engine.submit(request(&[5, 6], 2), sink()).expect("an empty queue accepts again");
 }

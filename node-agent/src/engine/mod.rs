@@ -11,10 +11,12 @@
 //! [`MetricsSink`]. [`thread`] runs an engine in its own thread and
 //! [`publisher`] sends its events.
 
+pub mod admission;
 pub mod clock;
 pub mod executor;
 pub mod metrics_sink;
 pub mod model_executor;
+pub mod pending;
 pub mod publisher;
 pub mod rates;
 pub mod request;
@@ -26,8 +28,10 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use admission::{FinishedLengths, Releases};
 use kvroute_proto::BlockHash;
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, FinishReason, KvEvent, Tier};
+use pending::PendingBlocks;
 
 use crate::block_manager::{BlockId, BlockManager, EventSink, Placement, PoolBlock};
 use crate::model::sampling::Sampler;
@@ -135,6 +139,11 @@ struct Sequence {
     hashes: Option<(usize, Vec<BlockHash>)>,
     /// When it joined the waiting queue (on arrival, or when preempted), on the engine's clock.
     queued_at: Duration,
+    /// Prompt tokens it is expected to compute, estimated when it joins the waiting queue: those beyond the
+    /// prefix the pool, host RAM, its prefetched blocks or a sequence ahead of it holds or will hold.
+    expected_work: usize,
+    /// The prompt blocks it added to the engine's [`PendingBlocks`], until its prefill is done.
+    pending: Vec<BlockHash>,
 }
 
 impl Sequence {
@@ -189,6 +198,10 @@ pub struct Engine<E: Executor> {
     metrics: Arc<dyn MetricsSink>,
     /// Ids of requests that finished or were dropped since the last [`Engine::take_finished_ids`].
     finished_ids: Vec<u64>,
+    /// Prompt blocks queued and running sequences are still to compute.
+    pending: PendingBlocks,
+    /// How long the latest finished sequences ran, for [`Engine::room_wait`].
+    finished_lengths: FinishedLengths,
 }
 
 /// Departures from the waiting queue kept to measure its drain rate.
@@ -212,6 +225,8 @@ impl<E: Executor> Engine<E> {
             clock: Box::new(MonotonicClock::default()),
             metrics: Arc::new(NoMetrics),
             finished_ids: Vec::new(),
+            pending: PendingBlocks::default(),
+            finished_lengths: FinishedLengths::default(),
         }
     }
 
@@ -293,6 +308,39 @@ impl<E: Executor> Engine<E> {
         self.waiting.iter().map(pending).sum::<u64>() + self.running.iter().map(pending).sum::<u64>()
     }
 
+    /// Prompt tokens the engine expects to compute before a request queued now gets its turn: what each
+    /// waiting sequence was expected to compute when it joined the queue, and the rest of the prompts of
+    /// running sequences still in prefill.
+    pub fn work_ahead(&self) -> u64 {
+        let waiting = self.waiting.iter().map(|seq| seq.expected_work as u64).sum::<u64>();
+        let running = self.running.iter().map(|seq| seq.tokens.len().saturating_sub(seq.computed + 1) as u64);
+        waiting + running.sum::<u64>()
+    }
+
+    /// A prompt's full-block hashes (none unless its cache is shared), how many leading ones the pool or
+    /// host RAM holds, and the tokens of it the engine expects to compute: those beyond the leading blocks
+    /// the pool or host RAM holds, `prefetched` holds, or a sequence already queued or running will have
+    /// computed by then.
+    fn expected_work(
+        &self,
+        request: &AgentGenerateRequest,
+        tokens: &[u32],
+        prefetched: &Prefetched,
+    ) -> (Vec<BlockHash>, usize, usize) {
+        if request.cache_mode != CacheMode::Shared {
+            return (Vec::new(), 0, tokens.len());
+        }
+        let hashes = self.blocks.hasher(&request.cache_scope).hashes(tokens);
+        let resident = self.resident_blocks(&hashes);
+        let ahead = hashes[resident..]
+            .iter()
+            .enumerate()
+            .take_while(|(index, hash)| prefetched.get(resident + index).is_some() || self.pending.contains(hash))
+            .count();
+        let held = ((resident + ahead) * self.blocks.block_size()).min(tokens.len().saturating_sub(1));
+        (hashes, resident, tokens.len() - held)
+    }
+
     /// Checks a request against the model and the pool without queuing it.
     pub fn validate(&self, request: &AgentGenerateRequest) -> Result<(), GenerateError> {
         let vocab = self.executor.vocab_size();
@@ -329,23 +377,32 @@ impl<E: Executor> Engine<E> {
     }
 
     /// Why a new request would be refused now, if it would: the queue is full, or a request queued now
-    /// would wait longer than `max_queue_delay`. That wait is the longer of how long the oldest waiting
-    /// request has waited and the queue's length over its measured drain rate.
+    /// would wait longer than `max_queue_delay`. That wait is the longest of
+    /// - how long the oldest waiting request has waited, and the queue's length over its drain rate;
+    /// - the prompt work ahead ([`Engine::work_ahead`]) at the measured prefill rate: sequences admitted
+    ///   into the running batch still queue for prefill there, so the waiting queue can look short while
+    ///   the wait is long;
+    /// - the wait for room ([`Engine::room_wait`]): when the pool or the running slots are full, the queue
+    ///   moves only as running sequences finish.
     pub fn admission_refusal(&self) -> Option<String> {
         if self.waiting.len() >= self.config.max_waiting {
             return Some(format!("the agent's queue is full ({} waiting)", self.config.max_waiting));
         }
         let limit = self.config.max_queue_delay?;
         let now = self.clock.now();
-        let oldest = self.waiting.iter().map(|seq| now.saturating_sub(seq.queued_at)).max()?;
-        let drained = match (self.departures.front(), self.departures.back()) {
-            (Some(first), Some(last)) if self.departures.len() > 1 && last > first => {
-                let rate = (self.departures.len() - 1) as f64 / (*last - *first).as_secs_f64();
+        let rate = self.rates.prefill_tokens_per_second();
+        let prefill =
+            if rate > 0.0 { Duration::from_secs_f64(self.work_ahead() as f64 / rate) } else { Duration::ZERO };
+        let oldest = self.waiting.iter().map(|seq| now.saturating_sub(seq.queued_at)).max().unwrap_or_default();
+        // The drain rate up to now: while the queue is stalled (no departure since `last`), it falls.
+        let drained = match self.departures.front() {
+            Some(first) if self.departures.len() > 1 && now > *first && !self.waiting.is_empty() => {
+                let rate = (self.departures.len() - 1) as f64 / (now - *first).as_secs_f64();
                 Duration::from_secs_f64(self.waiting.len() as f64 / rate)
             }
             _ => Duration::ZERO,
         };
-        let wait = oldest.max(drained);
+        let wait = oldest.max(drained).max(prefill).max(self.room_wait());
         (wait > limit).then(|| {
             format!(
                 "the agent's queue is too slow: a new request would wait about {:.1} s (limit {:.1} s)",
@@ -353,6 +410,35 @@ impl<E: Executor> Engine<E> {
                 limit.as_secs_f64()
             )
         })
+    }
+
+    /// How long until the running batch has given back the pool blocks (above the watermark) and the
+    /// running slots the waiting sequences and one more need: the decode steps until enough running
+    /// sequences finish ([`admission::steps_until_room`], each expected to run as long as the latest
+    /// finished ones, [`FinishedLengths::steps_left`]), each step as long as the measured steps that
+    /// decoded.
+    fn room_wait(&self) -> Duration {
+        let step = self.rates.token_interval_seconds();
+        if step <= 0.0 || self.running.is_empty() {
+            return Duration::ZERO;
+        }
+        let needed: usize = self.waiting.iter().map(|seq| self.blocks.blocks_for_tokens(seq.expected_work) + 1).sum();
+        let reserve = (self.config.watermark * self.blocks.num_blocks() as f64).ceil() as usize;
+        let short_blocks = (needed + reserve).saturating_sub(self.blocks.num_available());
+        let short_slots = (self.running.len() + self.waiting.len() + 1).saturating_sub(self.config.max_running);
+        let block = self.blocks.block_size();
+        let running = self
+            .running
+            .iter()
+            .map(|seq| Releases {
+                steps_left: self
+                    .finished_lengths
+                    .steps_left(seq.request.max_tokens as usize, seq.generated())
+                    .min(self.config.max_context.saturating_sub(seq.tokens.len())),
+                blocks: self.blocks.block_table(seq.id).len().saturating_sub(seq.cached_tokens.unwrap_or(0) / block),
+            })
+            .collect();
+        Duration::from_secs_f64(admission::steps_until_room(running, short_blocks, short_slots) as f64 * step)
     }
 
     /// Queues a request; refuses it at once when invalid or when the queue is full.
@@ -380,6 +466,10 @@ impl<E: Executor> Engine<E> {
             stop_ids.extend(&self.eos_ids);
         }
         let sampler = Sampler::new(request.sampling, id);
+        let (hashes, resident, expected_work) = self.expected_work(&request, &request.prompt, &prefetched);
+        let pending = hashes[resident..].to_vec();
+        self.pending.add(&pending);
+        let hashes = (request.cache_mode == CacheMode::Shared).then_some((request.prompt.len(), hashes));
         output.accepted(id);
         self.waiting.push_back(Sequence {
             id,
@@ -393,8 +483,10 @@ impl<E: Executor> Engine<E> {
             stop_ids,
             swapped: None,
             prefetched,
-            hashes: None,
+            hashes,
             queued_at: self.clock.now(),
+            expected_work,
+            pending,
         });
         Ok(id)
     }
@@ -410,6 +502,7 @@ impl<E: Executor> Engine<E> {
             None
         };
         let Some(seq) = seq else { return };
+        self.pending.remove(&seq.pending);
         self.blocks.release(seq.id);
         if let Some(saved) = &seq.swapped {
             self.tiering.release_swap((saved.len() * self.executor.bytes_per_block()) as u64);
@@ -599,6 +692,9 @@ impl<E: Executor> Engine<E> {
             }
             seq.computed = end;
             self.blocks.register_computed(id, &seq.tokens[..end]);
+            if end >= seq.prompt_len && !seq.pending.is_empty() {
+                self.pending.remove(&std::mem::take(&mut seq.pending));
+            }
             let Some(logits) = logits else { continue };
             sampled += 1;
             let token = seq.sampler.sample(&logits);
@@ -634,6 +730,7 @@ impl<E: Executor> Engine<E> {
             if let Some(pos) = self.running.iter().position(|s| s.id == id) {
                 let seq = self.running.remove(pos);
                 self.blocks.release(seq.id);
+                self.finished_lengths.record(seq.generated());
                 self.stats.requests_finished += 1;
                 self.finished_ids.push(seq.id);
                 report.finished += 1;
@@ -673,6 +770,17 @@ impl<E: Executor> Engine<E> {
         }
         self.blocks.release(id);
         seq.queued_at = self.clock.now();
+        // Its computed blocks are cached now: what it recomputes is what the pool no longer holds.
+        seq.expected_work = if seq.swapped.is_some() {
+            0
+        } else {
+            // Not counting its own unfinished blocks as computed by a sequence ahead of it.
+            self.pending.remove(&seq.pending);
+            let (hashes, _, work) = self.expected_work(&seq.request, &seq.tokens, &seq.prefetched);
+            self.pending.add(&seq.pending);
+            seq.hashes = (seq.request.cache_mode == CacheMode::Shared).then_some((seq.tokens.len(), hashes));
+            work
+        };
         self.waiting.push_front(seq);
     }
 

@@ -1,6 +1,7 @@
 //! The engine's measured speeds, as the gateway's cost model needs them: how
 //! long a decode-only step takes, and how many prompt tokens per second a step
-//! absorbs beyond that (the marginal prefill rate).
+//! absorbs beyond that (the marginal prefill rate); and, for the engine's own
+//! admission rule, how long a running sequence waits between its tokens.
 //!
 //! A step that mixes prefill chunks with the running sequences' decodes costs
 //! about a decode-only step plus its prefill tokens' own work. Dividing the
@@ -24,6 +25,8 @@ const MIN_PREFILL_SHARE: f64 = 0.1;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepRates {
     decode_step_seconds: f64,
+    /// Moving average of every step that decoded, prefill or not.
+    token_interval_seconds: f64,
     /// Moving averages of prefill tokens per step and of the seconds they added to their steps.
     prefill_tokens: f64,
     prefill_seconds: f64,
@@ -38,6 +41,9 @@ impl StepRates {
         if prefill == 0 && decode > 0 {
             self.decode_step_seconds = moving(self.decode_step_seconds, elapsed);
         }
+        if decode > 0 {
+            self.token_interval_seconds = moving(self.token_interval_seconds, elapsed);
+        }
         if prefill >= MIN_PREFILL_TOKENS {
             let beyond_decodes = elapsed - if decode > 0 { self.decode_step_seconds } else { 0.0 };
             let seconds = beyond_decodes.max(MIN_PREFILL_SHARE * elapsed);
@@ -49,6 +55,13 @@ impl StepRates {
     /// Moving average of one decode-only step, seconds (0 until one is seen).
     pub fn decode_step_seconds(&self) -> f64 {
         self.decode_step_seconds
+    }
+
+    /// Moving average of the seconds between two tokens of a running sequence: the whole step, with the
+    /// prompts computed beside the decodes (0 until a step decoded). Under steady load every step computes
+    /// some prefill, so no decode-only step may be seen for a long time.
+    pub fn token_interval_seconds(&self) -> f64 {
+        self.token_interval_seconds
     }
 
     /// Marginal prefill tokens per second (0 until measured).
@@ -122,5 +135,16 @@ mod tests {
             rates.record(0, 4, 0.05);
         }
         assert!((rates.decode_step_seconds() - 0.05).abs() < 1e-4);
+    }
+
+    #[test]
+    fn the_token_interval_is_every_decoding_step_whole() {
+        let mut rates = StepRates::default();
+        rates.record(1000, 0, 0.5);
+        assert_eq!(rates.token_interval_seconds(), 0.0, "a step that decoded nothing says nothing of it");
+        rates.record(300, 200, 0.030);
+        assert_eq!((rates.token_interval_seconds(), rates.decode_step_seconds()), (0.030, 0.0));
+        rates.record(0, 200, 0.020);
+        assert!((rates.token_interval_seconds() - 0.028).abs() < 1e-9);
     }
 }

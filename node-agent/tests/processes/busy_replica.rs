@@ -263,7 +263,9 @@ fn send_and_hold(gateway: SocketAddr, prompt: &[u32]) -> std::net::TcpStream {
 #[test]
 fn twenty_callers_that_go_away_before_their_first_token_cost_the_engine_no_step() {
     let gate = Arc::new(Gate::default());
-    let config = EngineConfig { max_batch_tokens: 64, ..EngineConfig::default() };
+    // No queue-delay limit: twenty 1,024-token prompts are more prefill than this engine does in 10 s, and
+    // this test is about callers leaving, not about admission refusing them.
+    let config = EngineConfig { max_batch_tokens: 64, max_queue_delay: None, ..EngineConfig::default() };
     let agent = GatedAgent::start_with(gate.clone(), config);
     let gateway = GatewayProcess::start(&[agent.addr], &[]);
     let http = gateway.http;
