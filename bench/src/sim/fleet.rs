@@ -258,7 +258,8 @@ impl<'a> Fleet<'a> {
         if self.config.record_requests {
             self.samples.records = self.live.iter().map(|live| live.record.clone()).collect();
         }
-        self.samples.finish(self.config.policy.name(), &stats, &prefill)
+        let limit = EngineConfig::default().max_queue_delay.map_or(f64::INFINITY, |limit| limit.as_secs_f64());
+        self.samples.finish(self.config.policy.name(), &stats, &prefill, limit)
     }
 
     fn schedule(&mut self, at_s: f64, event: Event) {

@@ -69,6 +69,10 @@ pub struct PolicyResult {
     /// Most prefill work on one replica over the mean.
     pub load_imbalance: f64,
     pub preemptions: u64,
+    /// Requests whose first token came within `ttft_limit_s` of their arrival: under overload, the work a
+    /// fleet did within the agents' promise (their queue-delay limit).
+    pub served_in_limit: usize,
+    pub ttft_limit_s: f64,
     /// TTFT of every request in seconds, sorted (for the CDF chart; not in the JSON).
     #[serde(skip)]
     pub ttft_sorted_s: Vec<f64>,
@@ -78,7 +82,13 @@ pub struct PolicyResult {
 }
 
 impl Samples {
-    pub fn finish(self, policy: &str, stats: &[EngineStats], prefill_tokens: &[u64]) -> PolicyResult {
+    pub fn finish(
+        self,
+        policy: &str,
+        stats: &[EngineStats],
+        prefill_tokens: &[u64],
+        ttft_limit_s: f64,
+    ) -> PolicyResult {
         let sum = |field: fn(&EngineStats) -> u64| stats.iter().map(field).sum::<u64>() as f64;
         let prompt = sum(|s| s.prompt_tokens_total).max(1.0);
         let (gpu, host, network) =
@@ -109,6 +119,8 @@ impl Samples {
             },
             load_imbalance: if mean_prefill > 0.0 { max_prefill / mean_prefill } else { 1.0 },
             preemptions: stats.iter().map(|s| s.preemptions_recompute + s.preemptions_swap).sum(),
+            served_in_limit: ttft_sorted_s.partition_point(|&ttft| ttft <= ttft_limit_s),
+            ttft_limit_s,
             ttft_sorted_s,
             records: self.records,
         }
@@ -166,5 +178,18 @@ impl SimReport {
             "oracle_bound", "", "", self.bound_hit_ratio
         ));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn served_in_limit_counts_the_requests_whose_first_token_came_within_the_limit() {
+        let samples = Samples { ttft: vec![12.0, 0.5, 10.0, 9.9, 30.0], finished: 5, ..Samples::default() };
+        let result = samples.finish("p", &[EngineStats::default()], &[1], 10.0);
+        assert_eq!(result.served_in_limit, 3, "0.5, 9.9 and 10.0 s are within 10 s; 12 and 30 s are not");
+        assert_eq!(result.ttft_limit_s, 10.0);
     }
 }
