@@ -7,49 +7,22 @@
 
 use std::time::Duration;
 
-use kvroute_node_agent::block_manager::{BlockId, VecSink};
+use kvroute_node_agent::block_manager::VecSink;
 use kvroute_node_agent::engine::executor::{ChunkSpec, Executor};
 use kvroute_node_agent::engine::model_executor::ModelExecutor;
 use kvroute_node_agent::engine::{Engine, EngineConfig, GenerateError, ManualClock, Output};
 use kvroute_node_agent::model::{KvStore, Model};
-use kvroute_node_agent::tiers::host::BlockBytes;
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, KvDtype, SamplingParams};
 
-/// The model's arithmetic, with each pass costing 10 ms plus 1 ms per token it computes.
-struct Timed {
-    inner: ModelExecutor,
-    last: f64,
-}
+#[path = "support/hooked.rs"]
+mod hooked;
+use hooked::Hooked;
 
-impl Executor for Timed {
-    fn execute(&mut self, batch: &[ChunkSpec<'_>]) -> Vec<Option<Vec<f32>>> {
-        self.last = 0.010 + 0.001 * batch.iter().map(|chunk| chunk.tokens.len()).sum::<usize>() as f64;
-        self.inner.execute(batch)
-    }
-    fn read_block(&self, block: BlockId) -> BlockBytes {
-        self.inner.read_block(block)
-    }
-    fn write_block(&mut self, block: BlockId, bytes: &[u8]) -> Result<(), String> {
-        self.inner.write_block(block, bytes)
-    }
-    fn num_blocks(&self) -> usize {
-        self.inner.num_blocks()
-    }
-    fn bytes_per_block(&self) -> usize {
-        self.inner.bytes_per_block()
-    }
-    fn block_size(&self) -> usize {
-        self.inner.block_size()
-    }
-    fn vocab_size(&self) -> usize {
-        self.inner.vocab_size()
-    }
-    fn model_id(&self) -> &str {
-        self.inner.model_id()
-    }
-    fn modelled_seconds(&self) -> Option<f64> {
-        Some(self.last)
-    }
+/// The model's arithmetic, with each pass costing 10 ms plus 1 ms per token it computes.
+type Timed = Hooked<fn(&[ChunkSpec<'_>]) -> Option<f64>>;
+
+fn modelled_seconds(batch: &[ChunkSpec<'_>]) -> Option<f64> {
+    Some(0.010 + 0.001 * batch.iter().map(|chunk| chunk.tokens.len()).sum::<usize>() as f64)
 }
 
 /// An engine whose clock advances by each step's modelled time.
@@ -65,7 +38,7 @@ impl Timeline {
         let geometry = model.config().kv_geometry(KvDtype::Bf16);
         let kv = KvStore::new(geometry, 1024, 4);
         let clock = ManualClock::default();
-        let executor = Timed { inner: ModelExecutor::new(model, kv), last: 0.0 };
+        let executor: Timed = Hooked::new(ModelExecutor::new(model, kv), modelled_seconds);
         let engine =
             Engine::new(config, executor, Vec::new(), Box::new(VecSink::default())).with_clock(Box::new(clock.clone()));
         Timeline { engine, clock, now: Duration::ZERO }

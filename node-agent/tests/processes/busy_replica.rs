@@ -15,18 +15,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use kvroute_node_agent::block_manager::BlockId;
 use kvroute_node_agent::engine::model_executor::ModelExecutor;
 use kvroute_node_agent::engine::thread::{EngineHandle, SharedSink, StreamIdentity};
 use kvroute_node_agent::engine::tiering::PrefetchBudget;
-use kvroute_node_agent::engine::{ChunkSpec, Engine, EngineConfig, Executor};
+use kvroute_node_agent::engine::{ChunkSpec, Engine, EngineConfig};
 use kvroute_node_agent::model::{KvStore, Model};
 use kvroute_node_agent::server::AgentService;
-use kvroute_node_agent::tiers::host::BlockBytes;
 use kvroute_proto::DEFAULT_BLOCK_SIZE;
 use kvroute_proto::domain::{AgentInfo, KvDtype, Tier, TierInfo};
 use kvroute_test_support::services::{GatewayProcess, metric_sum};
 use kvroute_test_support::{free_port, http_request, wait_until};
+
+use crate::hooked::Hooked;
 
 /// Holds every forward pass while closed.
 #[derive(Default)]
@@ -49,40 +49,6 @@ impl Gate {
         while *closed {
             closed = self.opened.wait(closed).unwrap();
         }
-    }
-}
-
-/// The real tiny-random model, each forward pass waiting at the gate first.
-struct GatedExecutor {
-    inner: ModelExecutor,
-    gate: Arc<Gate>,
-}
-
-impl Executor for GatedExecutor {
-    fn execute(&mut self, batch: &[ChunkSpec<'_>]) -> Vec<Option<Vec<f32>>> {
-        self.gate.pass();
-        self.inner.execute(batch)
-    }
-    fn read_block(&self, block: BlockId) -> BlockBytes {
-        self.inner.read_block(block)
-    }
-    fn write_block(&mut self, block: BlockId, bytes: &[u8]) -> Result<(), String> {
-        self.inner.write_block(block, bytes)
-    }
-    fn num_blocks(&self) -> usize {
-        self.inner.num_blocks()
-    }
-    fn bytes_per_block(&self) -> usize {
-        self.inner.bytes_per_block()
-    }
-    fn block_size(&self) -> usize {
-        self.inner.block_size()
-    }
-    fn vocab_size(&self) -> usize {
-        self.inner.vocab_size()
-    }
-    fn model_id(&self) -> &str {
-        self.inner.model_id()
     }
 }
 
@@ -110,7 +76,12 @@ impl GatedAgent {
         let kv = KvStore::new(geometry, BLOCKS, DEFAULT_BLOCK_SIZE as usize);
         let sink = SharedSink::default();
         let engine_config = EngineConfig { max_context: config.max_context, ..engine_config };
-        let executor = GatedExecutor { inner: ModelExecutor::new(model, kv), gate: gate.clone() };
+        // The real tiny-random model, each forward pass waiting at the gate first.
+        let hook_gate = gate.clone();
+        let executor = Hooked::new(ModelExecutor::new(model, kv), move |_: &[ChunkSpec<'_>]| {
+            hook_gate.pass();
+            None
+        });
         let engine = Engine::new(engine_config, executor, eos.clone(), Box::new(sink.clone()));
         let identity = StreamIdentity { agent_id: "gated".into(), epoch: 1 };
         let handle = EngineHandle::spawn(engine, sink, identity, None).unwrap();

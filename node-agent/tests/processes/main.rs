@@ -5,6 +5,8 @@
 
 mod busy_replica;
 mod engine_events_zmq;
+#[path = "../support/hooked.rs"]
+mod hooked;
 mod prefetch_budget;
 mod server_grpc;
 mod tiers_redis;
