@@ -197,13 +197,16 @@ impl BlockManager {
         (matched, evictable)
     }
 
-    /// New blocks a prompt would take beyond its cache hits, and whether they
-    /// fit while keeping `reserve` blocks available afterwards.
-    pub fn fits(&self, hashes: &[BlockHash], prompt_tokens: usize, reserve: usize) -> bool {
+    /// Available blocks (free or evictable) a prompt would take: new blocks beyond its cache hits, and the
+    /// cached ones it hits that no sequence holds (they stop being evictable).
+    pub fn blocks_taken(&self, hashes: &[BlockHash], prompt_tokens: usize) -> usize {
         let (matched, matched_evictable) = self.probe(hashes);
-        let needed = self.blocks_for_tokens(prompt_tokens).saturating_sub(matched);
-        let available = self.num_available() - matched_evictable;
-        available >= needed + reserve
+        self.blocks_for_tokens(prompt_tokens).saturating_sub(matched) + matched_evictable
+    }
+
+    /// Whether a prompt fits while keeping `reserve` blocks available afterwards.
+    pub fn fits(&self, hashes: &[BlockHash], prompt_tokens: usize, reserve: usize) -> bool {
+        self.num_available() >= self.blocks_taken(hashes, prompt_tokens) + reserve
     }
 
     /// Places a new sequence: reuses the longest cached prefix of the prompt's
@@ -275,6 +278,11 @@ impl BlockManager {
     /// The sequence's block table.
     pub fn block_table(&self, seq: u64) -> &[BlockId] {
         self.seqs.get(&seq).map_or(&[], |state| &state.blocks)
+    }
+
+    /// How many of the sequence's blocks no other sequence holds: what its release gives back to the pool.
+    pub fn sole_blocks(&self, seq: u64) -> usize {
+        self.block_table(seq).iter().filter(|&&block| self.blocks[block as usize].ref_count == 1).count()
     }
 
     /// Registers the sequence's newly full blocks, given all its tokens whose
@@ -450,6 +458,9 @@ mod tests {
         assert_eq!(placement.cached_tokens, 8);
         assert_eq!(bm.block_table(1)[..2], bm.block_table(2)[..2]);
         assert_ne!(bm.block_table(1)[2], bm.block_table(2)[2]);
+        assert_eq!((bm.sole_blocks(1), bm.sole_blocks(2)), (1, 1), "only the last, unshared block is each one's own");
+        bm.release(1);
+        assert_eq!(bm.sole_blocks(2), 3, "the other's release leaves it the only holder");
         bm.check_invariants().unwrap();
     }
 

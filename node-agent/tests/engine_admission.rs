@@ -1,10 +1,13 @@
 //! The engine's admission rule over the real tiny-random model, with each forward pass timed by a fixed
 //! cost (10 ms plus 1 ms a token) on a clock the test moves: a request is refused when the engine
 //! predicts it would wait longer than `max_queue_delay`, counting the prompts queued behind the waiting
-//! line (running sequences still in prefill, a shared prefix once) and the wait for a running slot.
+//! line (running sequences still in prefill, a shared prefix once), the wait for a running slot, and the
+//! running sequences growing into the pool and preempting one another.
 
 #![allow(clippy::unwrap_used)]
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kvroute_node_agent::block_manager::VecSink;
@@ -34,9 +37,14 @@ struct Timeline {
 
 impl Timeline {
     fn new(config: EngineConfig) -> Timeline {
+        Timeline::with_pool(config, 1024)
+    }
+
+    /// A pool of `blocks` blocks of 4 tokens.
+    fn with_pool(config: EngineConfig, blocks: usize) -> Timeline {
         let model = Model::load("tiny-random").unwrap();
         let geometry = model.config().kv_geometry(KvDtype::Bf16);
-        let kv = KvStore::new(geometry, 1024, 4);
+        let kv = KvStore::new(geometry, blocks, 4);
         let clock = ManualClock::default();
         let executor: Timed = Hooked::new(ModelExecutor::new(model, kv), modelled_seconds);
         let engine =
@@ -51,6 +59,26 @@ impl Timeline {
     }
 
     fn submit(&mut self, prompt: &[u32], max_tokens: u32) -> Result<u64, GenerateError> {
+        self.submit_to(prompt, max_tokens, Box::new(|_: Output| true))
+    }
+
+    /// Submits and counts the tokens that come back.
+    fn submit_counted(&mut self, prompt: &[u32], max_tokens: u32) -> (Result<u64, GenerateError>, Arc<AtomicUsize>) {
+        let tokens = Arc::new(AtomicUsize::new(0));
+        let counter = tokens.clone();
+        let sink = Box::new(move |output: Output| {
+            counter.fetch_add(output.tokens.len(), Ordering::Relaxed);
+            true
+        });
+        (self.submit_to(prompt, max_tokens, sink), tokens)
+    }
+
+    fn submit_to(
+        &mut self,
+        prompt: &[u32],
+        max_tokens: u32,
+        output: Box<dyn kvroute_node_agent::engine::OutputSink>,
+    ) -> Result<u64, GenerateError> {
         let request = AgentGenerateRequest {
             request_id: String::new(),
             prompt: prompt.to_vec(),
@@ -61,7 +89,7 @@ impl Timeline {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
         };
-        self.engine.submit(request, Box::new(|_: Output| true))
+        self.engine.submit(request, output)
     }
 
     fn run_to_end(&mut self) {
@@ -157,4 +185,39 @@ fn a_full_running_batch_refuses_until_a_sequence_is_close_to_finishing() {
     }
     timeline.submit(&prompt(2, 8), 4).expect("accepted once the running sequence is about to finish");
     timeline.run_to_end();
+}
+
+#[test]
+fn a_pool_that_running_sequences_grow_into_refuses_what_would_wait_behind_their_preemptions() {
+    // 256 blocks of 4 tokens. Six 40-token prompts (10 blocks each) each generate a token a step, a
+    // block every 4 steps: between them 1.5 blocks a step, so the pool runs dry after about 130 steps,
+    // before the first of them (200 tokens) finishes, and from then on the engine preempts the newest,
+    // which queue again ahead of anything new.
+    let limit = Duration::from_secs(2);
+    let config = EngineConfig { max_queue_delay: Some(limit), ..EngineConfig::default() };
+    let reserve = (config.watermark * 256.0).ceil() as usize;
+    let mut refusing = Timeline::with_pool(config.clone(), 256);
+    let mut unlimited = Timeline::with_pool(EngineConfig { max_queue_delay: None, ..config }, 256);
+    for timeline in [&mut refusing, &mut unlimited] {
+        timeline.submit(&prompt(1, 40), 200).unwrap();
+        for seed in 2..=6 {
+            timeline.submit(&prompt(seed, 40), 600).unwrap();
+        }
+        while timeline.engine.blocks().num_available() >= 2 + reserve {
+            timeline.step();
+        }
+    }
+    assert_eq!(refusing.engine.stats().preemptions_recompute, 0, "nothing preempted yet");
+    assert!(refused(refusing.submit(&prompt(9, 8), 4)), "it would wait behind the preempted sequences");
+
+    // The same request, accepted where nothing refuses: it waits longer than the limit.
+    let submitted = unlimited.now;
+    let (accepted, tokens) = unlimited.submit_counted(&prompt(9, 8), 4);
+    accepted.unwrap();
+    while tokens.load(Ordering::Relaxed) == 0 {
+        unlimited.step();
+    }
+    let waited = unlimited.now - submitted;
+    assert!(waited > limit, "its first token came after {waited:?}");
+    assert!(unlimited.engine.stats().preemptions_recompute > 0, "sequences were preempted while it waited");
 }

@@ -392,7 +392,7 @@ impl<'a> Fleet<'a> {
     /// replica refusing it as overloaded (the agent's admission rule) sends it on to the next candidate.
     fn submit(&mut self, mut route: Route, prefetched: Prefetched, ticket: SendTicket) {
         let replica = usize::from(route.candidates[route.attempt].replica);
-        if self.replicas[replica].engine.admission_refusal().is_some() {
+        if self.replicas[replica].engine.refusal_for(&route.request).is_some() {
             self.ledger.abandoned(ticket);
             if route.attempt + 1 < route.candidates.len() {
                 route.attempt += 1;

@@ -28,7 +28,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission::{FinishedLengths, Releases};
+use admission::{FinishedLengths, Pool, Resident};
 use kvroute_proto::BlockHash;
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, FinishReason, KvEvent, Tier};
 use pending::PendingBlocks;
@@ -383,8 +383,26 @@ impl<E: Executor> Engine<E> {
     ///   into the running batch still queue for prefill there, so the waiting queue can look short while
     ///   the wait is long;
     /// - the wait for room ([`Engine::room_wait`]): when the pool or the running slots are full, the queue
-    ///   moves only as running sequences finish.
+    ///   moves only as running sequences finish, and running sequences growing into a full pool preempt
+    ///   the newest of them, which queue again ahead of it.
+    ///
+    /// Not knowing the request, it is taken to need one pool block: whether any request would be refused
+    /// ([`Engine::refusal_for`] knows its prompt).
     pub fn admission_refusal(&self) -> Option<String> {
+        self.refusal_needing(1)
+    }
+
+    /// Why `request` would be refused now, if it would ([`Engine::admission_refusal`]), counting the pool
+    /// blocks its prompt would take: all but those running sequences hold.
+    pub fn refusal_for(&self, request: &AgentGenerateRequest) -> Option<String> {
+        let hashes = match request.cache_mode {
+            CacheMode::Shared => self.blocks.hasher(&request.cache_scope).hashes(&request.prompt),
+            CacheMode::Disabled => Vec::new(),
+        };
+        self.refusal_needing(self.blocks.blocks_taken(&hashes, request.prompt.len()))
+    }
+
+    fn refusal_needing(&self, blocks: usize) -> Option<String> {
         if self.waiting.len() >= self.config.max_waiting {
             return Some(format!("the agent's queue is full ({} waiting)", self.config.max_waiting));
         }
@@ -402,7 +420,7 @@ impl<E: Executor> Engine<E> {
             }
             _ => Duration::ZERO,
         };
-        let wait = oldest.max(drained).max(prefill).max(self.room_wait());
+        let wait = oldest.max(drained).max(prefill).max(self.room_wait(blocks, limit));
         (wait > limit).then(|| {
             format!(
                 "the agent's queue is too slow: a new request would wait about {:.1} s (limit {:.1} s)",
@@ -412,33 +430,63 @@ impl<E: Executor> Engine<E> {
         })
     }
 
-    /// How long until the running batch has given back the pool blocks (above the watermark) and the
-    /// running slots the waiting sequences and one more need: the decode steps until enough running
-    /// sequences finish ([`admission::steps_until_room`], each expected to run as long as the latest
-    /// finished ones, [`FinishedLengths::steps_left`]), each step as long as the measured steps that
-    /// decoded.
-    fn room_wait(&self) -> Duration {
+    /// How long until a request needing `blocks` pool blocks, queued now, is admitted into the running
+    /// batch, looked at up to `limit` ahead: the running sequences grow, finish and are preempted, and the
+    /// waiting ones are admitted, as this engine's scheduler does ([`admission::steps_until_admitted`];
+    /// each sequence expected to run as long as the latest finished ones, [`FinishedLengths::steps_left`]),
+    /// each step as long as the measured steps that decoded. Past `limit`, a little more than `limit`.
+    fn room_wait(&self, blocks: usize, limit: Duration) -> Duration {
         let step = self.rates.token_interval_seconds();
         if step <= 0.0 || self.running.is_empty() {
             return Duration::ZERO;
         }
-        let needed: usize = self.waiting.iter().map(|seq| self.blocks.blocks_for_tokens(seq.expected_work) + 1).sum();
-        let reserve = (self.config.watermark * self.blocks.num_blocks() as f64).ceil() as usize;
-        let short_blocks = (needed + reserve).saturating_sub(self.blocks.num_available());
-        let short_slots = (self.running.len() + self.waiting.len() + 1).saturating_sub(self.config.max_running);
         let block = self.blocks.block_size();
-        let running = self
+        let steps_left = |seq: &Sequence| {
+            self.finished_lengths
+                .steps_left(seq.request.max_tokens as usize, seq.generated())
+                .min(self.config.max_context.saturating_sub(seq.tokens.len()))
+                .max(1)
+        };
+        let running: Vec<Resident> = self
             .running
             .iter()
-            .map(|seq| Releases {
-                steps_left: self
-                    .finished_lengths
-                    .steps_left(seq.request.max_tokens as usize, seq.generated())
-                    .min(self.config.max_context.saturating_sub(seq.tokens.len())),
-                blocks: self.blocks.block_table(seq.id).len().saturating_sub(seq.cached_tokens.unwrap_or(0) / block),
+            .map(|seq| Resident {
+                order: seq.id,
+                steps_left: steps_left(seq),
+                blocks: self.blocks.sole_blocks(seq.id),
+                // The next decode needs room for every token it has; its block table covers the ones before.
+                next_block: (self.blocks.block_table(seq.id).len() * block + 2).saturating_sub(seq.tokens.len()),
             })
             .collect();
-        Duration::from_secs_f64(admission::steps_until_room(running, short_blocks, short_slots) as f64 * step)
+        let waiting: Vec<Resident> = self
+            .waiting
+            .iter()
+            .map(|seq| Resident {
+                order: seq.id,
+                steps_left: steps_left(seq),
+                blocks: match &seq.hashes {
+                    Some((known, hashes)) if *known == seq.tokens.len() => self.blocks.blocks_taken(hashes, *known),
+                    _ => self.blocks.blocks_for_tokens(seq.expected_work) + 1,
+                },
+                // Placed, it holds blocks for its tokens, and its first token is one more.
+                next_block: (self.blocks.blocks_for_tokens(seq.tokens.len()) * block + 1)
+                    .saturating_sub(seq.tokens.len()),
+            })
+            .collect();
+        let pool = Pool {
+            available: self.blocks.num_available(),
+            reserve: self.watermark_blocks(),
+            block_size: block,
+            max_running: self.config.max_running,
+        };
+        let horizon = (limit.as_secs_f64() / step).ceil() as usize + 1;
+        let steps = admission::steps_until_admitted(&running, &waiting, blocks, pool, horizon).unwrap_or(horizon + 1);
+        Duration::from_secs_f64(steps as f64 * step)
+    }
+
+    /// Blocks admission keeps free beside running sequences, for their growth.
+    fn watermark_blocks(&self) -> usize {
+        (self.config.watermark * self.blocks.num_blocks() as f64).ceil() as usize
     }
 
     /// Queues a request; refuses it at once when invalid or when the queue is full.
@@ -455,7 +503,7 @@ impl<E: Executor> Engine<E> {
         prefetched: Prefetched,
     ) -> Result<u64, GenerateError> {
         self.validate(&request)?;
-        if let Some(reason) = self.admission_refusal() {
+        if let Some(reason) = self.refusal_for(&request) {
             self.stats.rejected_total += 1;
             return Err(GenerateError::Overloaded(reason));
         }
@@ -586,6 +634,7 @@ impl<E: Executor> Engine<E> {
     /// Admission, first come first served, while the budget, the batch slots and the pool (above the
     /// watermark) have room.
     fn admit_waiting(&mut self, batch: &mut Batch) {
+        let watermark = self.watermark_blocks();
         while batch.budget > 0 && self.running.len() < self.config.max_running {
             let Some(seq) = self.waiting.front_mut() else { break };
             let hasher =
@@ -597,9 +646,8 @@ impl<E: Executor> Engine<E> {
                 (Some(h), _) => h.hashes(&seq.tokens[..known]),
                 (None, _) => Vec::new(),
             };
-            let reserve = (self.config.watermark * self.blocks.num_blocks() as f64).ceil() as usize;
             // Admitting into an empty engine must never deadlock on the watermark.
-            let reserve = if self.running.is_empty() { 0 } else { reserve };
+            let reserve = if self.running.is_empty() { 0 } else { watermark };
             if !self.blocks.fits(&hashes, seq.tokens.len(), reserve) {
                 seq.hashes = Some((known, hashes));
                 break;
