@@ -22,6 +22,9 @@
 #      more: below it the difference is timer noise), with no errors and through the router at least 90% of the rate achieved straight to the replicas.
 #   For kvroute the gateway logs one line per routing decision during the workloads
 #   (.run/peers/router-kvroute-*.log, target kvroute::decision): the evidence for where its requests went.
+#   Every workload run also keeps each request's outcome (.run/peers/requests-CONFIG-WORKLOAD-REPEAT.jsonl,
+#   kvroute-load --requests-out); bench/tails.py reads them (and kvroute's decisions) to show what the
+#   slowest requests had in common.
 #   bench/peers.sh [--backend vllm|stub] [--quick] [--workloads "chat agent rag timestamp-top mooncake"]
 #                  [--repeats N] [--once "rag ..."] [--configs "direct kvroute:cache_aware ..."] [--sessions N] [--rate R]
 #                  [--hop-pairs N] [--sweep "50 100 ..."] [--sweep-secs S] [--bin-dir DIR] [--no-build]
@@ -436,7 +439,8 @@ for repeat in $(seq 1 "$repeats"); do
       echo "== $workload, $config, repeat $repeat" >&2
       before=$(vllm_finished "${vllm_urls[@]}")
       # shellcheck disable=SC2046
-      report=$("$bin_dir/kvroute-load" --url "$router_url" $(load_args "$workload") --model "$model" --seed 7 --json 2>>"$run_dir/load.log") ||
+      report=$("$bin_dir/kvroute-load" --url "$router_url" $(load_args "$workload") --model "$model" --seed 7 --json \
+        --requests-out "$run_dir/requests-${config/:/-}-$workload-$repeat.jsonl" 2>>"$run_dir/load.log") ||
         { echo "kvroute-load failed: $workload through $config; see $run_dir/load.log" >&2; exit 1; }
       after=$(vllm_finished "${vllm_urls[@]}")
       cost=$(router_cost)

@@ -156,7 +156,7 @@ async fn session_task(run: Arc<Run>, session: Session, slot: Option<tokio::sync:
         run.wait_turn(session.start_ms).await;
     }
     let mut history: Vec<Value> = Vec::new();
-    for turn in &session.turns {
+    for (index, turn) in session.turns.iter().enumerate() {
         tokio::time::sleep(Duration::from_millis(turn.think_ms)).await;
         if !run.admit() {
             return;
@@ -178,7 +178,10 @@ async fn session_task(run: Arc<Run>, session: Session, slot: Option<tokio::sync:
         if let Some(user) = &session.user {
             body["user"] = Value::String(user.clone());
         }
-        let (outcome, reply) = stream_request(run.target(), "/v1/chat/completions", body).await;
+        let sent_at = run.begun.elapsed().as_secs_f64();
+        let (mut outcome, reply) = stream_request(run.target(), "/v1/chat/completions", body).await;
+        outcome.request = format!("s{}t{index}", session.id);
+        outcome.sent_at = sent_at;
         let failed = outcome.error.is_some();
         run.record(outcome).await;
         if failed {
@@ -225,7 +228,8 @@ pub async fn run_trace(
     let run = Run::new(targets, limits, progress);
     let tasks: Vec<_> = requests
         .into_iter()
-        .map(|request| {
+        .enumerate()
+        .map(|(index, request)| {
             let run = run.clone();
             tokio::spawn(async move {
                 let start_ms = (request.timestamp_ms as f64 * scale.time) as u64;
@@ -243,7 +247,10 @@ pub async fn run_trace(
                     "stream": true,
                     "stream_options": {"include_usage": true},
                 });
-                let (outcome, _) = stream_request(run.target(), "/v1/completions", body).await;
+                let sent_at = run.begun.elapsed().as_secs_f64();
+                let (mut outcome, _) = stream_request(run.target(), "/v1/completions", body).await;
+                outcome.request = format!("r{index}");
+                outcome.sent_at = sent_at;
                 run.record(outcome).await;
             })
         })

@@ -6,8 +6,12 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 /// One finished request.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Outcome {
+    /// Which request: `s3t1` (session 3, its second turn) or `r17` (the trace's 18th request to start).
+    pub request: String,
+    /// Seconds from the start of the run to sending it.
+    pub sent_at: f64,
     /// Seconds from sending to the first generated text; None when no token arrived.
     pub ttft: Option<f64>,
     /// Seconds from sending to the end of the response.

@@ -3,6 +3,7 @@
 //!
 //! kvroute-load --url http://127.0.0.1:8080 --workload chat --sessions 20 --rate 2 --duration-secs 60
 //! kvroute-load --url http://127.0.0.1:8080 --trace trace.jsonl --time-scale 0.1 --length-scale 0.05 --json
+//! kvroute-load ... --requests-out requests.jsonl   # and every request's outcome, a JSON line each
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -73,6 +74,9 @@ struct Args {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Also write every request's outcome to FILE, one JSON object a line, in the order they finished.
+    #[arg(long, value_name = "FILE")]
+    requests_out: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -127,12 +131,26 @@ async fn main() -> Result<()> {
     draw(&progress, total);
     eprintln!();
     let (outcomes, seconds) = run.await.context("the run panicked")?;
+    if let Some(path) = &args.requests_out {
+        write_requests(path, &outcomes).with_context(|| format!("writing {}", path.display()))?;
+    }
     let report = Report::new(&outcomes, seconds);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!("{}", report.text());
     }
+    Ok(())
+}
+
+/// One JSON line per request.
+fn write_requests(path: &std::path::Path, outcomes: &[kvroute_bench::report::Outcome]) -> Result<()> {
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for outcome in outcomes {
+        serde_json::to_writer(&mut out, outcome)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
     Ok(())
 }
 
