@@ -371,6 +371,21 @@ impl Translator {
         Step::Events(out)
     }
 
+    /// How many leading tokens of `prompt` the engine holds in its pool under `scope`, as far as the events
+    /// applied so far say: whole kvroute blocks, counted until the first the pool does not hold.
+    pub fn pool_prefix_tokens(&self, scope: &[u8], prompt: &[u32]) -> u32 {
+        let mut key = ChainKey::root(DEFAULT_BLOCK_SIZE, &self.config.model, scope);
+        let mut blocks = 0u32;
+        for block in prompt.chunks_exact(DEFAULT_BLOCK_SIZE as usize) {
+            key = key.next(block);
+            if !self.held.get(&key.block_hash()).is_some_and(|counts| counts[Tier::Gpu.index()] > 0) {
+                break;
+            }
+            blocks += 1;
+        }
+        blocks * DEFAULT_BLOCK_SIZE
+    }
+
     /// What every tier holds now, as one `Stored` event per non-empty tier, each in chain order (a
     /// block after the block it continues): the start of a new kvroute subscriber's stream.
     pub fn snapshot(&self) -> Vec<KvEvent> {
@@ -882,6 +897,28 @@ mod tests {
             stored.cache_salt = Some(salt.clone());
         });
         assert_eq!(apply(&mut translator, vec![sglang]), vec![gpu_stored(hashes(b"t:acme", &prompt[..16]))]);
+    }
+
+    #[test]
+    fn the_pool_prefix_of_a_prompt_is_what_the_engine_holds_in_its_pool_under_its_scope() {
+        let prompt = tokens(0..100);
+        let mut translator = translator(32);
+        assert_eq!(translator.pool_prefix_tokens(b"", &prompt), 0, "nothing held yet");
+        apply(&mut translator, vec![stored(&[1, 2], None, prompt[..64].to_vec(), 32)]);
+        assert_eq!(translator.pool_prefix_tokens(b"", &prompt), 64);
+        assert_eq!(translator.pool_prefix_tokens(b"", &prompt[..40]), 32, "whole blocks of the prompt only");
+        assert_eq!(translator.pool_prefix_tokens(b"t:acme", &prompt), 0, "another scope's chain");
+        let mut other = prompt.clone();
+        other[20] += 1;
+        assert_eq!(translator.pool_prefix_tokens(b"", &other), 16, "up to where the prompts part");
+        // A copy in host RAM is not in the pool; the pool prefix ends where the pool's copy went.
+        let host =
+            with(stored(&[2], Some(1), prompt[32..64].to_vec(), 32), |stored| stored.medium = Some("CPU".into()));
+        apply(&mut translator, vec![host, removed(&[2], None)]);
+        assert_eq!(translator.pool_prefix_tokens(b"", &prompt), 32);
+        let salt = translator.register_scope(b"t:acme").salt.unwrap();
+        apply(&mut translator, vec![salted(&[5], prompt[..16].to_vec(), &salt)]);
+        assert_eq!(translator.pool_prefix_tokens(b"t:acme", &prompt), 16);
     }
 
     fn salted(keys: &[u64], tokens: Vec<u32>, salt: &str) -> EngineEvent {

@@ -1,6 +1,7 @@
 //! The agent's own account of the requests it sent to its engine, and the load it reports from it: which
-//! requests are open (exactly: the agent opened and closed each stream), how many prompt tokens wait for
-//! their first token, the engine's prefill rate and decode step time as measured on those streams, and the
+//! requests are open (exactly: the agent opened and closed each stream), how many prompt tokens the engine
+//! still has to compute for those waiting for their first token (a prompt less the prefix its pool held
+//! when it was sent, as the engine's events said: the rest the engine takes from its cache), the engine's prefill rate and decode step time as measured on those streams, and the
 //! engine's own gauges (running against waiting, KV usage) read from its metrics. Synchronous; the caller
 //! passes every time in.
 
@@ -28,6 +29,8 @@ pub struct Ledger {
 #[derive(Debug)]
 struct Open {
     prompt_tokens: u32,
+    /// The prompt tokens the engine has to compute: those beyond the prefix its pool held when sent.
+    uncached_tokens: u32,
     /// Seconds from sending to the first token, once it came.
     first_token_after: Option<f64>,
     /// When (seconds, the caller's clock) the latest token came.
@@ -48,11 +51,14 @@ impl Ledger {
         }
     }
 
-    /// Opens a request; returns its id.
-    pub fn open(&mut self, prompt_tokens: u32) -> u64 {
+    /// Opens a request of `prompt_tokens`, of which the engine's pool held the first `pool_prefix_tokens`
+    /// when it was sent; returns its id.
+    pub fn open(&mut self, prompt_tokens: u32, pool_prefix_tokens: u32) -> u64 {
         let id = self.next_request_id;
         self.next_request_id += 1;
-        self.open.insert(id, Open { prompt_tokens, first_token_after: None, last_token_at: None });
+        // The engine computes at least the prompt's last token, whatever it holds.
+        let uncached_tokens = prompt_tokens.saturating_sub(pool_prefix_tokens).max(1).min(prompt_tokens);
+        self.open.insert(id, Open { prompt_tokens, uncached_tokens, first_token_after: None, last_token_at: None });
         id
     }
 
@@ -108,7 +114,7 @@ impl Ledger {
             .open
             .values()
             .filter(|open| open.first_token_after.is_none())
-            .map(|open| open.prompt_tokens as u64)
+            .map(|open| u64::from(open.uncached_tokens))
             .sum();
         let kv_blocks_used = ((self.gauges.kv_usage.unwrap_or(0.0) * self.kv_blocks_total as f64).round() as u64)
             .min(self.kv_blocks_total);
@@ -134,7 +140,7 @@ mod tests {
     #[test]
     fn open_requests_are_the_load_until_closed_and_their_ids_are_reported_once() {
         let mut ledger = Ledger::new(100, 48);
-        let (a, b) = (ledger.open(300), ledger.open(50));
+        let (a, b) = (ledger.open(300, 0), ledger.open(50, 0));
         assert_eq!((a, b, ledger.next_request_id()), (1, 2, 3));
         ledger.set_gauges(EngineGauges { waiting: Some(5.0), kv_usage: Some(0.5), ..EngineGauges::default() });
         let load = ledger.load(false);
@@ -153,9 +159,29 @@ mod tests {
     }
 
     #[test]
+    fn queued_prompt_tokens_are_those_the_engine_has_to_compute() {
+        let mut ledger = Ledger::new(100, 0);
+        // 800 tokens, 768 of them in the pool: the engine computes 32 before the first token.
+        let mostly_cached = ledger.open(800, 768);
+        let cold = ledger.open(200, 0);
+        assert_eq!(ledger.load(false).queued_prefill_tokens, 232);
+        ledger.tokens(cold, 1, 1.0, 1.0);
+        assert_eq!(ledger.load(false).queued_prefill_tokens, 32, "a prompt stops counting at its first token");
+        ledger.tokens(mostly_cached, 1, 1.1, 0.2);
+        assert_eq!(ledger.load(false).queued_prefill_tokens, 0);
+        // A prompt the pool holds whole still has its last token computed.
+        let whole = ledger.open(64, 64);
+        assert_eq!(ledger.load(false).queued_prefill_tokens, 1);
+        // The prefill rate is sampled from what the engine reported cached, not from the estimate.
+        ledger.tokens(whole, 1, 2.0, 0.5);
+        ledger.close(whole, Some(0));
+        assert!((ledger.load(false).prefill_tokens_per_second - 128.0).abs() < 1e-9);
+    }
+
+    #[test]
     fn decode_step_time_is_the_gap_between_tokens() {
         let mut ledger = Ledger::new(0, 0);
-        let id = ledger.open(10);
+        let id = ledger.open(10, 0);
         ledger.tokens(id, 1, 1.0, 0.1);
         ledger.tokens(id, 1, 1.05, 0.15);
         ledger.tokens(id, 1, 1.10, 0.2);

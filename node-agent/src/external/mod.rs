@@ -229,6 +229,20 @@ impl ExternalEngine {
         }
     }
 
+    /// How many leading tokens of the request's prompt the engine's pool holds under its scope, as its events
+    /// said so far (none for a request that shares no cache: it runs under a salt of its own).
+    fn pool_prefix_tokens(&self, request: &AgentGenerateRequest) -> u32 {
+        match request.cache_mode {
+            CacheMode::Disabled => 0,
+            CacheMode::Shared => self
+                .inner
+                .translator
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .pool_prefix_tokens(&request.cache_scope, &request.prompt),
+        }
+    }
+
     /// Runs `request` on the engine, streaming its tokens to `sender`. The first message acknowledges the
     /// request with its id; an error before the first token is the stream's only other message, so the
     /// gateway retries elsewhere (or answers the client, for a request that can never run).
@@ -241,7 +255,7 @@ impl ExternalEngine {
             return Err(GenerateError::Unavailable("the engine is not answering, or the agent is draining".into()));
         }
         let prompt_tokens = request.prompt.len() as u32;
-        let id = self.ledger().open(prompt_tokens);
+        let id = self.ledger().open(prompt_tokens, self.pool_prefix_tokens(&request));
         let salt = self.salt_of(&request, id);
         let body = openai::completion_body(&self.inner.facts.model, &request, salt.as_deref());
         let ack = pb::AgentGenerateResponse { engine_request_id: id, ..Default::default() };
