@@ -8,14 +8,16 @@
 //! previous batch. So a request this router sent adds to the replica's load from the send until a batch's
 //! `next_request_id` passes its number (from then on the agent's own figures count it, until the agent
 //! reports it finished) or it fails, and is tracked until the agent reports it finished. Nothing is
-//! counted twice and nothing is missed, however the acknowledgement and the batches interleave.
+//! counted twice and nothing is missed, however the acknowledgement and the batches interleave: the two come
+//! on different streams, so a short request can be reported finished before its acknowledgement arrives,
+//! and the ledger keeps the numbers of the latest finished requests it could not match for that.
 //!
 //! The router also sees each request's first token the moment it streams back, which is when the replica
 //! finished computing its prompt: from then on its prompt tokens are no longer queued there, even while the
 //! latest report (taken earlier) still counts them.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use kvroute_proto::BlockHash;
@@ -26,6 +28,10 @@ use super::{Millis, ReplicaId};
 
 /// The window of the send-rate average: a rate is the sends of about the last this many milliseconds.
 const RATE_WINDOW_MS: f64 = 10_000.0;
+
+/// Finished request numbers a replica's ledger keeps when none of this router's acknowledged requests had
+/// them: other senders' requests, or this router's whose acknowledgement is still on its way.
+const UNMATCHED_FINISHES: usize = 1024;
 
 /// One request sent to a replica, from the send until the ledger no longer needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -72,6 +78,8 @@ struct ReplicaLoad {
     sent: HashMap<u64, Sent>,
     /// The distinct prompt blocks of `sent`, each with the number of those requests that hold it.
     active: BlockHashMap<u32>,
+    /// The latest finished request numbers (this epoch) that matched no acknowledged request, oldest first.
+    unmatched_finishes: VecDeque<u64>,
 }
 
 impl ReplicaLoad {
@@ -83,7 +91,7 @@ impl ReplicaLoad {
     }
 
     /// Drops the requests `gone` says are gone, releasing their blocks.
-    fn release(&mut self, gone: impl Fn(u64, &Sent) -> bool) {
+    fn release(&mut self, mut gone: impl FnMut(u64, &Sent) -> bool) {
         let active = &mut self.active;
         self.sent.retain(|serial, request| {
             if !gone(*serial, request) {
@@ -208,7 +216,12 @@ impl LoadLedger {
     /// The agent accepted the request as `engine_id` (in the stream epoch of the latest report).
     pub fn accepted(&mut self, ticket: SendTicket, engine_id: u64) {
         // A ticket the ledger dropped (its replica was forgotten since) counts nowhere.
-        if let Some(request) = self.request(ticket) {
+        let Some(entry) = self.replicas.get_mut(&ticket.replica) else { return };
+        if let Some(at) = entry.unmatched_finishes.iter().rposition(|&id| id == engine_id) {
+            // Reported finished before this acknowledgement came: it is gone already.
+            entry.unmatched_finishes.remove(at);
+            entry.release(|serial, _| serial == ticket.serial);
+        } else if let Some(request) = entry.sent.get_mut(&ticket.serial) {
             request.engine_id = Some(engine_id);
         }
     }
@@ -246,10 +259,22 @@ impl LoadLedger {
         if entry.epoch != epoch {
             // A restarted engine numbers from 0 again, and lost whatever the old one had accepted.
             entry.release(|_, request| request.engine_id.is_some());
+            entry.unmatched_finishes.clear();
             entry.epoch = epoch;
         }
         if !finished.is_empty() {
-            entry.release(|_, request| request.engine_id.is_some_and(|id| finished.contains(&id)));
+            let mut matched = Vec::new();
+            entry.release(|_, request| {
+                let gone = request.engine_id.filter(|id| finished.contains(id));
+                matched.extend(gone);
+                gone.is_some()
+            });
+            for id in finished.iter().filter(|id| !matched.contains(id)) {
+                if entry.unmatched_finishes.len() == UNMATCHED_FINISHES {
+                    entry.unmatched_finishes.pop_front();
+                }
+                entry.unmatched_finishes.push_back(*id);
+            }
         }
         entry.finishes.add(finished.len(), at);
         entry.reported = load.clone();
@@ -391,6 +416,30 @@ mod tests {
         ledger.reported(0, 1, &load(0, 0), 6, &[5], 0);
         assert_eq!(counted(&ledger, 0), (0, 0), "finished");
         assert_eq!(ledger.in_flight(0), 0);
+    }
+
+    #[test]
+    fn a_request_reported_finished_before_its_acknowledgement_stops_counting_when_it_comes() {
+        let mut ledger = LoadLedger::new();
+        ledger.reported(4, 1, &load(0, 0), 0, &[], 0);
+        let quick = ledger.sent(4, 50, 1, blocks(&[1, 2]), 0);
+        let other = ledger.sent(4, 60, 1, blocks(&[3]), 0);
+        // Another sender's request 0 and this router's 1 finish; the acknowledgement of 1 is still on its way.
+        ledger.reported(4, 1, &load(0, 0), 2, &[0, 1], 5);
+        assert_eq!(ledger.in_flight(4), 2);
+        ledger.accepted(quick, 1);
+        assert_eq!(ledger.in_flight(4), 1, "finished already: released at its acknowledgement");
+        assert_eq!(ledger.tracked(4, &blocks(&[1, 2, 3]), 5).active_blocks, 1, "its blocks with it");
+        // Request 2 is not among the finished: it counts until reported finished.
+        ledger.accepted(other, 2);
+        assert_eq!(ledger.in_flight(4), 1);
+        ledger.reported(4, 1, &load(0, 0), 3, &[2], 6);
+        assert_eq!(ledger.in_flight(4), 0);
+        // The finished numbers are forgotten with their epoch: a new engine numbers from 0 again.
+        let next = ledger.sent(4, 70, 1, blocks(&[]), 7);
+        ledger.reported(4, 2, &load(0, 0), 0, &[], 7);
+        ledger.accepted(next, 0);
+        assert_eq!(ledger.in_flight(4), 1, "request 0 of the new epoch is not the old epoch's 0");
     }
 
     #[test]
