@@ -36,10 +36,20 @@ vllm_finished() {
 }
 
 # Empties the prefix caches of the vLLM servers at the URLs "$@" (POST /reset_prefix_cache, one of vLLM's
-# development endpoints: the servers need VLLM_SERVER_DEV_MODE=1).
+# development endpoints: the servers need VLLM_SERVER_DEV_MODE=1). vLLM publishes the reset's KV event
+# (AllBlocksCleared) only with its next engine step, so each server then answers a 1-token completion of a
+# prompt shorter than a block (it caches nothing), and routers that learn from those events (kvroute,
+# vllm-router kv_aware) get a second to take it in: otherwise they start the next run believing the
+# servers still hold what they held before the reset.
 vllm_reset_caches() {
-  local url
+  local url model
   for url in "$@"; do
     curl -fsS -X POST "$url/reset_prefix_cache" >/dev/null
   done
+  for url in "$@"; do
+    model=$(curl -fsS "$url/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
+    curl -fsS -o /dev/null -H 'Content-Type: application/json' \
+      -d "{\"model\":\"$model\",\"prompt\":\"Hello\",\"max_tokens\":1}" "$url/v1/completions"
+  done
+  sleep 1
 }
