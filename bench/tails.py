@@ -98,6 +98,10 @@ def main():
           f"{'p90+ uncached':>13} {'in flight mean':>14} {'p90+ in flight':>14}")
     for config, repeats in runs.items():
         ok = [(r, records) for records in repeats.values() for r in records if r.get("ttft") is not None]
+        if not ok:
+            failed = sum(len(records) for records in repeats.values())
+            print(f"  {config:<26} {0:>4}  (none of {failed} requests succeeded)")
+            continue
         ttfts = [r["ttft"] * 1e3 for r, _ in ok]
         cut = pct(ttfts, 0.9)
         slow = [(r, records) for r, records in ok if r["ttft"] * 1e3 >= cut]
