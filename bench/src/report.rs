@@ -141,6 +141,7 @@ mod tests {
             cached_tokens: cached,
             completion_tokens: 10,
             error: None,
+            ..Outcome::default()
         }
     }
 

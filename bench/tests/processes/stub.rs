@@ -2,8 +2,9 @@
 //! prompt), streamed and not, for text, token-id and chat prompts; bad input is a 400 with a JSON error;
 //! and kvroute's engine-mode agent fronts it as it fronts vLLM: the agent's start-up checks pass
 //! (`/v1/models`, `/metrics`, `/tokenize` with the chat template), the stub's KV events reach the
-//! gateway's index, and the gateway predicts exactly the hit the stub then reports; the agent reports the
-//! engine's cap on running sequences it is given.
+//! gateway's index, and the gateway predicts exactly the hit the stub then reports; requests that finish
+//! before their acknowledgement reaches the gateway stop counting; the agent reports the engine's cap on
+//! running sequences it is given.
 
 #![allow(clippy::unwrap_used)]
 
@@ -145,6 +146,36 @@ fn kvroute_fronts_the_stub_and_learns_its_blocks_from_its_kv_events() {
     assert_eq!(cached, (prompt_tokens - 1) / 16 * 16, "{second}");
     let predicted = gateway.metric("kvroute_gateway_predicted_cached_tokens_total") - predicted_before;
     assert_eq!(predicted as u64, cached, "the gateway predicts the hit the stub reports");
+}
+
+#[test]
+fn requests_that_finish_before_their_acknowledgement_reaches_the_gateway_stop_counting() {
+    // The stub answers at once: the agent reports a request finished on its event stream about when it
+    // acknowledges it on the request's own stream, so the report often comes first.
+    let model_dir = vllm::model_dir();
+    let stub = StubProcess::start(&model_dir);
+    let agent = AgentProcess::start(&[
+        "--engine",
+        "vllm",
+        "--engine-url",
+        &format!("http://{}", stub.http),
+        "--engine-kv-events",
+        &format!("tcp://{}", stub.events),
+        "--model-dir",
+        model_dir.to_str().unwrap(),
+    ]);
+    let tokenizer = model_dir.join("tokenizer.json");
+    let gateway = GatewayProcess::start(&[agent.grpc], &["--tokenizer", tokenizer.to_str().unwrap()]);
+    for i in 0..30 {
+        let body = json!({"model": "stub-model", "prompt": text(40, &format!("quick{i}-")), "max_tokens": 1});
+        let answer = http_request(gateway.http, "POST", "/v1/completions", &[], body.to_string().as_bytes()).unwrap();
+        assert_eq!(answer.status, 200, "{}\n{}", answer.text(), stub.process.log_tail());
+    }
+    // Every request has finished and been acknowledged; once the agent's next batches are in, every finish
+    // has been reported too.
+    gateway.wait_next_batches(1).unwrap_or_else(|message| panic!("{message}"));
+    let in_flight = gateway.metric("kvroute_gateway_replica_requests_in_flight");
+    assert_eq!(in_flight, 0.0, "finished requests still count on the replica\n{}", gateway.process.log_tail());
 }
 
 #[test]

@@ -378,7 +378,8 @@ impl Translator {
         let mut blocks = 0u32;
         for block in prompt.chunks_exact(DEFAULT_BLOCK_SIZE as usize) {
             key = key.next(block);
-            if !self.held.get(&key.block_hash()).is_some_and(|counts| counts[Tier::Gpu.index()] > 0) {
+            let in_pool = self.held.get(&key.block_hash()).is_some_and(|counts| counts[Tier::Gpu.index()] > 0);
+            if !in_pool {
                 break;
             }
             blocks += 1;

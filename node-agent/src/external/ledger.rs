@@ -57,7 +57,8 @@ impl Ledger {
         let id = self.next_request_id;
         self.next_request_id += 1;
         // The engine computes at least the prompt's last token, whatever it holds.
-        let uncached_tokens = prompt_tokens.saturating_sub(pool_prefix_tokens).max(1).min(prompt_tokens);
+        let uncached_tokens =
+            if prompt_tokens == 0 { 0 } else { prompt_tokens.saturating_sub(pool_prefix_tokens).max(1) };
         self.open.insert(id, Open { prompt_tokens, uncached_tokens, first_token_after: None, last_token_at: None });
         id
     }
