@@ -113,6 +113,11 @@ pub struct ServeArgs {
     /// the abandoned attempt's work is dropped by that replica at its next step.
     #[arg(long, default_value_t = ServiceConfig::default().first_token_timeout.as_millis() as u64)]
     pub first_token_timeout_ms: u64,
+    /// How long a stream may go without a token before the gateway checks its replica is alive (milliseconds):
+    /// a replica whose heartbeats stopped loses the stream then; a live one keeps it for up to
+    /// --first-token-timeout-ms of silence.
+    #[arg(long, default_value_t = ServiceConfig::default().inter_token_timeout.as_millis() as u64)]
+    pub inter_token_timeout_ms: u64,
     /// Replicas tried per request before giving up.
     #[arg(long, default_value_t = ServiceConfig::default().max_attempts)]
     pub max_attempts: usize,
@@ -185,6 +190,7 @@ impl ServeArgs {
         }
         if self.max_attempts == 0
             || self.first_token_timeout_ms == 0
+            || self.inter_token_timeout_ms == 0
             || self.heartbeat_timeout_ms == 0
             || self.index_max_entries == 0
             || self.header_read_timeout_ms == 0
@@ -194,7 +200,7 @@ impl ServeArgs {
             || self.doctor_max_tenants == 0
             || self.doctor_window_secs == 0
         {
-            return Err("--max-attempts, --first-token-timeout-ms, --heartbeat-timeout-ms, --index-max-entries, \
+            return Err("--max-attempts, --first-token-timeout-ms, --inter-token-timeout-ms, --heartbeat-timeout-ms, --index-max-entries, \
                         --header-read-timeout-ms, --body-read-timeout-ms, --max-messages, --max-body-bytes, \
                         --doctor-max-tenants and --doctor-window-secs must be positive"
                 .into());
@@ -220,7 +226,7 @@ impl ServeArgs {
             max_attempts: self.max_attempts,
             default_max_tokens: self.default_max_tokens,
             first_token_timeout: Duration::from_millis(self.first_token_timeout_ms),
-            ..ServiceConfig::default()
+            inter_token_timeout: Duration::from_millis(self.inter_token_timeout_ms),
         }
     }
 

@@ -38,6 +38,7 @@ pub const REPLICA_ROUTED: &str = "kvroute_gateway_replica_routed_requests_total"
 pub const RESUBSCRIPTIONS: &str = "kvroute_gateway_resubscriptions_total";
 pub const REFUSED_REPLICAS: &str = "kvroute_gateway_replicas_refused_total";
 pub const RETRIES: &str = "kvroute_gateway_retries_total";
+pub const QUIET_STREAMS: &str = "kvroute_gateway_quiet_stream_waits_total";
 pub const REJECTIONS: &str = "kvroute_gateway_rejections_total";
 pub const REPEATED_PREFIX_RATIO: &str = "kvroute_gateway_repeated_prefix_ratio";
 pub const PREFIX_CHURN: &str = "kvroute_gateway_prefix_churn_total";
@@ -89,6 +90,10 @@ fn describe() {
     );
     describe_counter!(RETRIES, "Requests retried on another replica before their first token.");
     describe_counter!(REJECTIONS, "Requests rejected, by reason.");
+    describe_counter!(
+        QUIET_STREAMS,
+        "Times a stream went --inter-token-timeout-ms without a token while its replica was alive, and waited on."
+    );
     describe_gauge!(REPEATED_PREFIX_RATIO, "Fraction of incoming prompt blocks seen recently.");
     describe_counter!(
         PREFIX_CHURN,
@@ -227,6 +232,10 @@ pub fn record_replica_refused() {
 
 pub fn record_retry() {
     counter!(RETRIES).increment(1);
+}
+
+pub fn record_quiet_stream() {
+    counter!(QUIET_STREAMS).increment(1);
 }
 
 pub fn record_rejection(reason: &'static str) {

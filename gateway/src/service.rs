@@ -133,9 +133,11 @@ impl ServiceError {
 pub struct ServiceConfig {
     /// Replicas tried before giving up, when earlier ones fail before the first token.
     pub max_attempts: usize,
-    /// Longest wait for a replica's first token.
+    /// Longest wait for a replica's first token; also the longest a stream waits for its next token while
+    /// its replica is alive (a sequence the engine preempted waits to run again as a new one waits to start).
     pub first_token_timeout: Duration,
-    /// Longest wait between two tokens once streaming.
+    /// How long a stream waits for its next token before asking whether its replica is alive: a replica whose
+    /// heartbeats have stopped loses the stream then; a live one (busy with other prompts) keeps it.
     pub inter_token_timeout: Duration,
     /// max_tokens when the request gives none.
     pub default_max_tokens: u32,
@@ -268,8 +270,12 @@ impl Gateway {
                 Ok((first, upstream)) => {
                     let (sender, receiver) = mpsc::channel(64);
                     let doctor = (self.router.clone(), plan.doctor);
+                    let silence = Silence {
+                        check_every: self.config.inter_token_timeout,
+                        limit: self.config.first_token_timeout,
+                    };
                     let stream =
-                        TextStream::new(&self.tokenizer, &spec, prompt_len, self.config.inter_token_timeout, replica)
+                        TextStream::new(&self.tokenizer, &spec, prompt_len, silence, (self.pool.clone(), replica))
                             .reporting_to(doctor);
                     tokio::spawn(stream.run(first, upstream, sender));
                     return Ok(receiver);
@@ -361,6 +367,28 @@ impl Drop for Unaccepted<'_> {
     }
 }
 
+/// How long a stream may go without a token: its replica is asked whether it is alive every `check_every`
+/// of silence, and a live one is waited for up to `limit`.
+#[derive(Clone, Copy, Debug)]
+struct Silence {
+    check_every: Duration,
+    limit: Duration,
+}
+
+impl Silence {
+    /// Why a stream silent for `silent` ends, or None while it waits on: at once when its replica is not
+    /// alive (its agent's heartbeats stopped), at `limit` when it is.
+    fn verdict(&self, silent: Duration, replica_alive: bool) -> Option<String> {
+        if !replica_alive {
+            Some(format!("the replica sent no token for {silent:?} and its heartbeats stopped"))
+        } else if silent >= self.limit {
+            Some(format!("the replica sent no token for {silent:?}, the longest a stream waits"))
+        } else {
+            None
+        }
+    }
+}
+
 /// Turns a replica's token stream into text deltas, applying stop strings.
 struct TextStream {
     tokenizer: Arc<Tokenizer>,
@@ -370,9 +398,9 @@ struct TextStream {
     held: String,
     /// The prompt's length, the tokens streamed so far, the cached prompt tokens first reported.
     usage: Usage,
-    inter_token_timeout: Duration,
-    /// The replica streaming the reply (for the log line when it breaks off).
-    replica: ReplicaId,
+    silence: Silence,
+    /// The replica streaming the reply (for its health, and for the log line when it breaks off).
+    replica: (Arc<Pool>, ReplicaId),
     /// The reply's token ids so far, and where they go when it finishes (the prefix-cache doctor).
     reply: Vec<u32>,
     doctor: Option<(Arc<Router>, DoctorTicket)>,
@@ -383,8 +411,8 @@ impl TextStream {
         tokenizer: &Arc<Tokenizer>,
         spec: &GenerateSpec,
         prompt_tokens: usize,
-        inter_token_timeout: Duration,
-        replica: ReplicaId,
+        silence: Silence,
+        replica: (Arc<Pool>, ReplicaId),
     ) -> TextStream {
         TextStream {
             tokenizer: tokenizer.clone(),
@@ -392,7 +420,7 @@ impl TextStream {
             stop: spec.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
             held: String::new(),
             usage: Usage { prompt_tokens: prompt_tokens as u32, completion_tokens: 0, cached_tokens: 0 },
-            inter_token_timeout,
+            silence,
             replica,
             reply: Vec::with_capacity((spec.max_tokens as usize).min(MAX_REPLY_TOKENS)),
             doctor: None,
@@ -418,23 +446,41 @@ impl TextStream {
             if finished || sender.is_closed() {
                 return;
             }
-            let reason = match tokio::time::timeout(self.inter_token_timeout, upstream.message()).await {
-                Ok(Ok(Some(next))) => {
-                    message = next;
-                    continue;
+            match self.next_message(&mut upstream).await {
+                Ok(next) => message = next,
+                Err(reason) => {
+                    // The client sees an error event; the operator sees why, and on which replica.
+                    tracing::warn!(
+                        replica = self.replica.1,
+                        tokens = self.usage.completion_tokens,
+                        "stream interrupted: {reason}"
+                    );
+                    let _ = sender.send(Err(ServiceError::Interrupted(reason))).await;
+                    return;
                 }
-                Ok(Ok(None)) => "the replica ended the stream early".to_string(),
-                Ok(Err(status)) => format!("the replica failed mid-stream: {}", status.message()),
-                Err(_) => format!("the replica sent no token for {:?}", self.inter_token_timeout),
-            };
-            // The client sees an error event; the operator sees why, and on which replica.
-            tracing::warn!(
-                replica = self.replica,
-                tokens = self.usage.completion_tokens,
-                "stream interrupted: {reason}"
-            );
-            let _ = sender.send(Err(ServiceError::Interrupted(reason))).await;
-            return;
+            }
+        }
+    }
+
+    /// The replica's next message, or why the stream ends without one ([`Silence`]).
+    async fn next_message(&self, upstream: &mut Upstream) -> Result<pb::AgentGenerateResponse, String> {
+        let mut silent = Duration::ZERO;
+        loop {
+            match tokio::time::timeout(self.silence.check_every, upstream.message()).await {
+                Ok(Ok(Some(next))) => return Ok(next),
+                Ok(Ok(None)) => return Err("the replica ended the stream early".to_string()),
+                Ok(Err(status)) => return Err(format!("the replica failed mid-stream: {}", status.message())),
+                Err(_) => {
+                    silent += self.silence.check_every;
+                    let (pool, replica) = &self.replica;
+                    let alive = pool.get(*replica).is_some_and(|handle| handle.is_healthy());
+                    if let Some(reason) = self.silence.verdict(silent, alive) {
+                        return Err(reason);
+                    }
+                    metrics::record_quiet_stream();
+                    tracing::debug!(replica, ?silent, "stream quiet; its replica is alive, so it waits on");
+                }
+            }
         }
     }
 
@@ -515,5 +561,22 @@ impl TextStream {
             }
         }
         keep
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SILENCE: Silence = Silence { check_every: Duration::from_secs(30), limit: Duration::from_secs(120) };
+
+    #[test]
+    fn a_live_replica_keeps_its_stream_until_the_limit_and_a_dead_one_loses_it_at_the_first_check() {
+        assert_eq!(SILENCE.verdict(Duration::from_secs(30), true), None);
+        assert_eq!(SILENCE.verdict(Duration::from_secs(90), true), None);
+        let limit = SILENCE.verdict(Duration::from_secs(120), true).unwrap_or_default();
+        assert!(limit.contains("the longest a stream waits"), "{limit}");
+        let dead = SILENCE.verdict(Duration::from_secs(30), false).unwrap_or_default();
+        assert!(dead.contains("heartbeats stopped"), "{dead}");
     }
 }

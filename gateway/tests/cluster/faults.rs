@@ -173,6 +173,31 @@ fn an_agent_killed_mid_stream_ends_that_stream_cleanly_and_later_requests_fail_o
 }
 
 #[test]
+fn a_stream_whose_agent_stops_heartbeating_is_cut_once_it_is_unhealthy_not_at_the_longest_wait() {
+    let _serial = serial();
+    let agents = agents(1, &[]);
+    let flags = [HEARTBEAT, &["--inter-token-timeout-ms", "500"]].concat();
+    let gateway = GatewayProcess::start(&grpc_addrs(&agents), &flags);
+    let body = json!({"prompt": prompt("frozen streams"), "max_tokens": 3000, "stream": true});
+    let mut stream = EventStream::post(gateway.http, "/v1/completions", &body.to_string()).unwrap();
+    assert_eq!(stream.status, 200);
+    let first = stream.next_data().unwrap();
+    assert!(first.contains("\"text\""), "{first}");
+
+    agents[0].process.signal(SIGSTOP).unwrap();
+    let mut last = String::new();
+    while let Some(data) = stream.next_data() {
+        last = data;
+    }
+    agents[0].process.signal(SIGCONT).unwrap();
+    let error: Value = serde_json::from_str(&last).unwrap_or(Value::Null);
+    assert_eq!(error["error"]["code"], "interrupted", "the last event is an error: {last}");
+    // Not the 120 s a live replica is waited for: the stream ends at the first check after the heartbeats stop.
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("heartbeats stopped"), "{message}");
+}
+
+#[test]
 fn a_frozen_agent_is_marked_unhealthy_then_readmitted_with_a_fresh_snapshot() {
     let _serial = serial();
     let agents = agents(2, &[]);

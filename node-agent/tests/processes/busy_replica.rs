@@ -5,6 +5,8 @@
 //!   its index entries: the agent's heartbeats come from outside the engine loop and say a step is running.
 //! - While the step runs, the gateway counts exactly the requests it sent there (the accepted one and those
 //!   still queued for the engine), and none once the agent reports them finished.
+//! - A stream whose replica stays inside one step past the gateway's inter-token timeout is kept (its replica
+//!   is alive) and finishes; one silent past the longest wait (`--first-token-timeout-ms`) is cut.
 //! - Callers that go away before their first token (HTTP clients that disconnect, gRPC clients that cancel)
 //!   cost the engine no work: their requests are dropped at its next step, with their blocks.
 
@@ -23,7 +25,7 @@ use kvroute_node_agent::model::{KvStore, Model};
 use kvroute_node_agent::server::AgentService;
 use kvroute_proto::DEFAULT_BLOCK_SIZE;
 use kvroute_proto::domain::{AgentInfo, KvDtype, Tier, TierInfo};
-use kvroute_test_support::services::{GatewayProcess, metric_sum};
+use kvroute_test_support::services::{EventStream, GatewayProcess, metric_sum};
 use kvroute_test_support::{free_port, http_request, wait_until};
 
 use crate::hooked::Hooked;
@@ -354,4 +356,74 @@ fn an_attempt_the_gateway_gives_up_on_is_dropped_by_its_replica_at_its_next_step
     .unwrap();
     assert_eq!(stats.generated_tokens_total, 0, "the abandoned request computed no token: {stats:?}");
     assert_eq!(held_gate.entered.load(Ordering::SeqCst), 1, "nor another step of its prompt: {stats:?}");
+}
+
+/// Starts a streaming completion of `max_tokens` through `gateway`, reads its first event, then closes
+/// `gate` and waits until the engine is held inside its next forward pass: the stream is silent from then on.
+fn stream_then_hold(gateway: SocketAddr, gate: &Gate, max_tokens: u32) -> EventStream {
+    let body = serde_json::json!({ "prompt": prompt(7_000), "max_tokens": max_tokens, "stream": true });
+    let mut stream = EventStream::post(gateway, "/v1/completions", &body.to_string()).unwrap();
+    assert_eq!(stream.status, 200);
+    let first = stream.next_data().unwrap();
+    assert!(first.contains("\"text\""), "{first}");
+    let entered = gate.entered.load(Ordering::SeqCst);
+    gate.set_closed(true);
+    wait_until("the engine to enter the held step", Duration::from_secs(30), || {
+        let now = gate.entered.load(Ordering::SeqCst);
+        if now > entered { Ok(now) } else { Err(format!("{now} forward passes")) }
+    })
+    .unwrap();
+    stream
+}
+
+/// Every event left on `stream`.
+fn rest_of(mut stream: EventStream) -> Vec<String> {
+    std::iter::from_fn(|| stream.next_data()).collect()
+}
+
+#[test]
+fn a_stream_silent_past_the_inter_token_timeout_while_its_replica_is_busy_is_kept_and_finishes() {
+    let gate = Arc::new(Gate::default());
+    let agent = GatedAgent::start(gate.clone());
+    let gateway =
+        GatewayProcess::start(&[agent.addr], &["--heartbeat-timeout-ms", "1000", "--inter-token-timeout-ms", "300"]);
+    let metric = |name: &str| metric_sum(gateway.http, name);
+    let max_tokens = 1_000;
+    let stream = stream_then_hold(gateway.http, &gate, max_tokens);
+
+    // The gateway asks after each 300 ms of silence, finds the replica alive, and waits on: three times
+    // is 0.9 s without a token, three inter-token timeouts.
+    wait_until("the gateway to wait out three silences", Duration::from_secs(30), || {
+        let waits = metric("kvroute_gateway_quiet_stream_waits_total");
+        if waits >= 3.0 { Ok(waits) } else { Err(format!("{waits} waits")) }
+    })
+    .unwrap();
+    assert_eq!(metric("kvroute_gateway_resubscriptions_total"), 0.0, "the replica was declared dead");
+    gate.set_closed(false);
+
+    let events = rest_of(stream);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "the stream finished: {:?}", events.last());
+    assert!(!events.iter().any(|event| event.contains("\"error\"")), "{events:?}");
+    let finished = events.iter().rev().find(|event| event.contains("finish_reason\":\"")).unwrap();
+    assert!(finished.contains("\"finish_reason\":\"length\""), "all {max_tokens} tokens came: {finished}");
+}
+
+#[test]
+fn a_stream_silent_past_the_longest_wait_is_cut_though_its_replica_is_alive() {
+    let gate = Arc::new(Gate::default());
+    let agent = GatedAgent::start(gate.clone());
+    let gateway = GatewayProcess::start(
+        &[agent.addr],
+        &["--heartbeat-timeout-ms", "1000", "--inter-token-timeout-ms", "300", "--first-token-timeout-ms", "1500"],
+    );
+    let stream = stream_then_hold(gateway.http, &gate, 1_000);
+
+    let events = rest_of(stream);
+    let last = events.last().cloned().unwrap_or_default();
+    let error: serde_json::Value = serde_json::from_str(&last).unwrap_or_default();
+    assert_eq!(error["error"]["code"], "interrupted", "the last event is an error: {last}");
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("the longest a stream waits"), "{message}");
+    assert_eq!(metric_sum(gateway.http, "kvroute_gateway_replica_healthy"), 1.0, "the replica is alive");
+    assert!(metric_sum(gateway.http, "kvroute_gateway_quiet_stream_waits_total") >= 4.0);
 }
