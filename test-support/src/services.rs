@@ -304,10 +304,15 @@ impl StubProcess {
     /// Starts a stub serving the tokenizer and chat template of `model_dir` as `stub-model`, and waits for
     /// its HTTP port.
     pub fn start(model_dir: &Path) -> StubProcess {
+        StubProcess::start_with(model_dir, &[])
+    }
+
+    /// [`StubProcess::start`] with more arguments (`--block-size 64`, ...).
+    pub fn start_with(model_dir: &Path, extra_args: &[&str]) -> StubProcess {
         let (http, events) = loopback_pair();
         let mut command = Command::new(project_binary("kvroute-bench", "kvroute-stub"));
         command.args(["--listen", &http.to_string(), "--kv-events", &events.to_string()]);
-        command.arg("--model-dir").arg(model_dir).args(["--model", "stub-model"]);
+        command.arg("--model-dir").arg(model_dir).args(["--model", "stub-model"]).args(extra_args);
         let mut process = ChildProcess::spawn("kvroute-stub", &mut command).expect("spawn kvroute-stub");
         process.wait_for_tcp(http, Duration::from_secs(30)).unwrap_or_else(|message| panic!("{message}"));
         StubProcess { process, http, events }

@@ -4,12 +4,14 @@
 //! (`/v1/models`, `/metrics`, `/tokenize` with the chat template), the stub's KV events reach the
 //! gateway's index, and the gateway predicts exactly the hit the stub then reports; requests that finish
 //! before their acknowledgement reaches the gateway stop counting; the agent reports the engine's cap on
-//! running sequences it is given.
+//! running sequences it is given; a request sent to an engine with larger blocks than kvroute's counts as
+//! pending there in whole engine blocks only, as the engine will cache it.
 
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
 
+use kvroute_test_support::api::{debug_route, gpu_blocks_by_replica};
 use kvroute_test_support::services::{AgentProcess, GatewayProcess, StubProcess, metric_series};
 use kvroute_test_support::{http_request, vllm};
 use serde_json::{Value, json};
@@ -208,4 +210,40 @@ fn the_agent_reports_the_engine_cap_on_running_sequences_it_is_given() {
         })
         .unwrap_or_else(|message| panic!("{message}\n{}", agent.process.log_tail()));
     }
+}
+
+#[test]
+fn a_prompt_sent_to_an_engine_with_larger_blocks_counts_as_pending_there_in_whole_engine_blocks() {
+    // The stub caches whole blocks of 64 tokens (4 of kvroute's 16): the last partial one never is.
+    let model_dir = vllm::model_dir();
+    let stub = StubProcess::start_with(&model_dir, &["--block-size", "64"]);
+    let (url, events) = (format!("http://{}", stub.http), format!("tcp://{}", stub.events));
+    let dir = model_dir.to_str().unwrap();
+    let agent = AgentProcess::start(&[
+        "--engine",
+        "vllm",
+        "--engine-url",
+        &url,
+        "--engine-kv-events",
+        &events,
+        "--model-dir",
+        dir,
+    ]);
+    let tokenizer = model_dir.join("tokenizer.json");
+    // Pending entries outlive the test, so the index shows what the gateway recorded at sending whether
+    // or not the stub's events have arrived.
+    let flags = ["--tokenizer", tokenizer.to_str().unwrap(), "--pending-ttl-ms", "600000", "--admin-api-key", "sk-a"];
+    let gateway = GatewayProcess::start(&[agent.grpc], &flags);
+    let prompt = text(100, "whole");
+    let body = json!({"model": "stub-model", "prompt": prompt, "max_tokens": 1});
+    let answer = http_request(gateway.http, "POST", "/v1/completions", &[], body.to_string().as_bytes()).unwrap();
+    assert_eq!(answer.status, 200, "{}\n{}", answer.text(), stub.process.log_tail());
+    let answer: Value = serde_json::from_str(&answer.text()).unwrap();
+    let prompt_tokens = answer["usage"]["prompt_tokens"].as_u64().unwrap();
+    // At least one of kvroute's blocks past the last whole engine block, so the two counts differ.
+    assert!(prompt_tokens % 64 >= 16, "{prompt_tokens} tokens: choose a prompt that ends mid-block");
+
+    let explained = debug_route(gateway.http, "sk-a", &json!({"prompt": format!("{prompt} and then some more")}));
+    let held: Vec<u64> = gpu_blocks_by_replica(&explained).into_values().collect();
+    assert_eq!(held, vec![prompt_tokens / 64 * 4], "whole 64-token blocks only: {explained}");
 }

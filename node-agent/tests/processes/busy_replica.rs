@@ -99,6 +99,7 @@ impl GatedAgent {
             tokenizer_fingerprint: kvroute_tokenizer::Tokenizer::builtin().fingerprint().to_string(),
             kv_blocks_total: BLOCKS as u64,
             eos_token_ids: eos,
+            engine_block_size: DEFAULT_BLOCK_SIZE,
         };
         let service = AgentService::new(handle.clone(), info, None, PrefetchBudget::new(0));
         let (served, engine) = (service.clone(), handle.clone());
