@@ -44,8 +44,21 @@ impl StepRates {
         if decode > 0 {
             self.token_interval_seconds = moving(self.token_interval_seconds, elapsed);
         }
+        self.record_prefill(prefill, elapsed, decode > 0);
+    }
+
+    /// Records a request's time to its first token, from outside an engine whose steps are not seen: when no
+    /// other prompt was queued ahead of it, that is one step that computed its `prefill` tokens beside
+    /// whatever decodes ran, so its prefill share is the time beyond a decode-only step, as in [`Self::record`].
+    pub fn record_first_token(&mut self, prefill: usize, elapsed: f64) {
+        if elapsed > 0.0 && elapsed.is_finite() {
+            self.record_prefill(prefill, elapsed, true);
+        }
+    }
+
+    fn record_prefill(&mut self, prefill: usize, elapsed: f64, beside_decodes: bool) {
         if prefill >= MIN_PREFILL_TOKENS {
-            let beyond_decodes = elapsed - if decode > 0 { self.decode_step_seconds } else { 0.0 };
+            let beyond_decodes = elapsed - if beside_decodes { self.decode_step_seconds } else { 0.0 };
             let seconds = beyond_decodes.max(MIN_PREFILL_SHARE * elapsed);
             self.prefill_tokens = moving(self.prefill_tokens, prefill as f64);
             self.prefill_seconds = moving(self.prefill_seconds, seconds);

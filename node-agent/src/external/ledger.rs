@@ -31,6 +31,9 @@ struct Open {
     prompt_tokens: u32,
     /// The prompt tokens the engine has to compute: those beyond the prefix its pool held when sent.
     uncached_tokens: u32,
+    /// Another prompt was waiting for its first token when this one was sent: its time to first token
+    /// includes that one's, and says nothing of the prefill rate.
+    queued_behind: bool,
     /// Seconds from sending to the first token, once it came.
     first_token_after: Option<f64>,
     /// When (seconds, the caller's clock) the latest token came.
@@ -59,7 +62,9 @@ impl Ledger {
         // The engine computes at least the prompt's last token, whatever it holds.
         let uncached_tokens =
             if prompt_tokens == 0 { 0 } else { prompt_tokens.saturating_sub(pool_prefix_tokens).max(1) };
-        self.open.insert(id, Open { prompt_tokens, uncached_tokens, first_token_after: None, last_token_at: None });
+        let queued_behind = self.open.values().any(|open| open.first_token_after.is_none());
+        let open = Open { prompt_tokens, uncached_tokens, queued_behind, first_token_after: None, last_token_at: None };
+        self.open.insert(id, open);
         id
     }
 
@@ -77,14 +82,16 @@ impl Ledger {
         }
     }
 
-    /// Closes request `id`; `cached_tokens` is what the engine reported (its prompt's uncached part over
-    /// the time to its first token is one sample of the prefill rate).
+    /// Closes request `id`; `cached_tokens` is what the engine reported. Its prompt's uncached part and its
+    /// time to first token are one sample of the prefill rate, unless another prompt was queued ahead of it
+    /// ([`StepRates::record_first_token`]: the time beyond a decode step). Counting the wait behind other
+    /// prompts made a busy replica's rate read several times too low.
     pub fn close(&mut self, id: u64, cached_tokens: Option<u32>) {
         let Some(open) = self.open.remove(&id) else { return };
         self.finished.push(id);
-        if let (Some(cached), Some(seconds)) = (cached_tokens, open.first_token_after) {
+        if let (Some(cached), Some(seconds), false) = (cached_tokens, open.first_token_after, open.queued_behind) {
             let computed = open.prompt_tokens.saturating_sub(cached) as usize;
-            self.rates.record(computed, 0, seconds);
+            self.rates.record_first_token(computed, seconds);
         }
     }
 
@@ -177,6 +184,29 @@ mod tests {
         ledger.tokens(whole, 1, 2.0, 0.5);
         ledger.close(whole, Some(0));
         assert!((ledger.load(false).prefill_tokens_per_second - 128.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_prefill_rate_counts_neither_the_wait_behind_other_prompts_nor_the_decode_step() {
+        let mut ledger = Ledger::new(0, 0);
+        // A running sequence: its tokens come every 0.1 s.
+        let running = ledger.open(10, 0);
+        for (i, now) in [1.0, 1.1, 1.2].into_iter().enumerate() {
+            ledger.tokens(running, 1, now, 0.1 * (i + 1) as f64);
+        }
+        // 300 prompt tokens computed beside it: the first token 0.7 s after sending, 0.6 s beyond a decode step.
+        let alone = ledger.open(300, 0);
+        ledger.tokens(alone, 1, 2.0, 0.7);
+        ledger.close(alone, Some(0));
+        let rate = ledger.load(false).prefill_tokens_per_second;
+        assert!((rate - 500.0).abs() < 1e-9, "{rate}");
+        // One sent while another prompt waited ahead of it waited for that one's prefill too: not a sample.
+        let ahead = ledger.open(1000, 0);
+        let behind = ledger.open(300, 0);
+        ledger.tokens(ahead, 1, 4.0, 2.0);
+        ledger.tokens(behind, 1, 4.5, 2.5);
+        ledger.close(behind, Some(0));
+        assert!((ledger.load(false).prefill_tokens_per_second - 500.0).abs() < 1e-9);
     }
 
     #[test]
