@@ -96,6 +96,7 @@ fn views() -> Vec<ReplicaView> {
             },
             block_size: 16,
             bytes_per_block: 2 << 20,
+            blocks_per_engine_block: 1,
             tracked: Default::default(),
         })
         .collect()

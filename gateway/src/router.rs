@@ -140,6 +140,7 @@ impl Router {
                     tracked: ledger.tracked(replica.id, hashes, now),
                     block_size: info.block_size,
                     bytes_per_block: info.kv_geometry.bytes_per_block(info.block_size),
+                    blocks_per_engine_block: info.blocks_per_engine_block(),
                 })
             })
             .collect();

@@ -218,6 +218,7 @@ fn idle_view(id: ReplicaId) -> ReplicaView {
         },
         block_size: DEFAULT_BLOCK_SIZE,
         bytes_per_block: 2 << 20,
+        blocks_per_engine_block: 1,
         tracked: Default::default(),
     }
 }

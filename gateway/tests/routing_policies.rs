@@ -63,6 +63,7 @@ fn views(states: &[State]) -> Vec<ReplicaView> {
             },
             block_size: DEFAULT_BLOCK_SIZE,
             bytes_per_block: 1 << 20,
+            blocks_per_engine_block: 1,
             tracked: state.tracked,
         })
         .collect()

