@@ -127,7 +127,9 @@ fn check(name: &str, states: &[State], expected: Option<ReplicaId>) {
 
 #[test]
 fn cache_aware_choices() {
-    // Score = max(wait, mean wait) + own work + delay to others + eviction. An idle miss costs 0.02 (wait) +
+    // Score = max(wait, mean wait) + own work + delay to others + eviction, the mean wait counting in full
+    // for a replica that got a request over the last 10 s (send rate 0.1/s), in proportion below that (0 for
+    // one that got none). An idle miss costs 0.02 (wait) +
     // 0.2 (compute) + 0.025 (125 new blocks evicting cache from a pool one tenth held: 0.2 * 1,125 / 8,875).
     let cases: Vec<(&str, Vec<State>, Option<ReplicaId>)> = vec![
         ("the prefix holder wins", vec![replica(0), State { gpu: 100, ..replica(1) }], Some(1)),
@@ -143,11 +145,19 @@ fn cache_aware_choices() {
             Some(1),
         ),
         (
-            // Holder 0.32 against the mean 0.17 + 0.225 = 0.395, though the idle replica would answer
-            // sooner this once (0.245): an idle moment is not the fleet's lasting state.
+            // Requests reach the idle replica (one a second): holder 0.32 against the mean 0.17 + 0.225 (+ 0.055
+            // delay to those arriving) = 0.45, though the idle replica would answer sooner this once (0.245): an
+            // idle moment is not the fleet's lasting state.
             "a holder whose wait exceeds the mean by less than locality saves keeps it",
-            vec![State { gpu: 125, queued_tokens: 3_000, ..replica(0) }, replica(1)],
+            vec![State { gpu: 125, queued_tokens: 3_000, ..replica(0) }, State { send_rate: 1.0, ..replica(1) }],
             Some(0),
+        ),
+        (
+            // The same, but this router sends the idle replica nothing: nothing will fill it, its own wait
+            // counts (0.02 + 0.225 = 0.245 against 0.32), and it takes the request and a copy of the prefix.
+            "a replica nothing reaches keeps its own wait and takes the request from a busier holder",
+            vec![State { gpu: 125, queued_tokens: 3_000, ..replica(0) }, replica(1)],
+            Some(1),
         ),
         (
             // The same long queue, but 5 requests a second reach the other replica: its 0.2 s of work
@@ -167,9 +177,13 @@ fn cache_aware_choices() {
             Some(1),
         ),
         (
-            // Nothing finishes there as far as this router knows: no memory wait, 0.42 against 0.445.
+            // Nothing finishes there as far as this router knows: no memory wait, 0.42 against 0.445 (+ 0.055
+            // delay to the requests reaching the other replica).
             "without a finishing rate the pool's wait is unknown and the holder keeps it",
-            vec![State { gpu: 125, queued_tokens: 4_000, running: 50, kv_usage: 0.999, ..replica(0) }, replica(1)],
+            vec![
+                State { gpu: 125, queued_tokens: 4_000, running: 50, kv_usage: 0.999, ..replica(0) },
+                State { send_rate: 1.0, ..replica(1) },
+            ],
             Some(0),
         ),
         (

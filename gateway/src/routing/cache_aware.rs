@@ -6,7 +6,9 @@
 //! - **the wait**, queue or pool ([`Prediction::queue_wait_s`]), but never below the mean wait of the
 //!   eligible replicas: a replica that is idle for the moment is not the fleet's lasting state (the next
 //!   requests will fill it), while a replica above the mean is, so locality yields once its holder's wait
-//!   exceeds the fleet's by more than the locality saves;
+//!   exceeds the fleet's by more than the locality saves. That holds for a replica the next requests reach:
+//!   one this router sent no request over its rate window keeps its own wait (in proportion below one
+//!   request), since while every request prefers the holders of its prefix nothing fills it;
 //! - **the request's own work** there: compute, and reloads from the host or network tier;
 //! - **the delay to others** ([`Prediction::delay_to_others_s`]): the requests that reach the replica while
 //!   this one waits and computes wait for its work too;
@@ -25,6 +27,7 @@
 //! measurements predict. [`ScoringConfig::terms`] turns terms off, to measure what each buys.
 
 use super::index::{LookupResult, ReplicaMatch};
+use super::load::RATE_WINDOW_MS;
 use super::rng::RandomSource;
 use super::scoring::{
     CandidateScore, Decision, Prediction, ReplicaView, RouteRequest, ScoringConfig, candidate, near_best, usable_match,
@@ -62,7 +65,7 @@ pub fn cache_aware(
         // for it (chunked prefill shares each step; a prefill token lengthens it by 1 / the marginal rate).
         let running = if config.terms.decode_delay { f64::from(view.load.running_requests) } else { 0.0 };
         let decode_delay = (work(candidate) - least_work) * running;
-        candidate.policy_score = score(&candidate.prediction, mean_wait) + decode_delay;
+        candidate.policy_score = score(&candidate.prediction, floor(mean_wait, view)) + decode_delay;
     }
     let tied =
         near_best(&candidates, |best| (best.abs() * config.near_tie_relative).max(config.near_tie_absolute_seconds));
@@ -77,6 +80,14 @@ pub fn cache_aware(
 /// The request's own work on a candidate: compute and reloads.
 fn work(candidate: &CandidateScore) -> f64 {
     candidate.prediction.ttft_s - candidate.prediction.queue_wait_s
+}
+
+/// The least wait `view` counts: the fleet's mean wait, for a replica the next requests reach. One this
+/// router has sent fewer than one request over its rate window ([`RATE_WINDOW_MS`]) is not filling, and keeps
+/// its own wait (in proportion, up to that one request): an idle replica stays idle while every request
+/// prefers the holders of its prefix, and flooring its wait at theirs would keep it so.
+fn floor(mean_wait: f64, view: &ReplicaView) -> f64 {
+    mean_wait * (view.tracked.send_rate * RATE_WINDOW_MS / 1000.0).min(1.0)
 }
 
 /// The ranking score of one replica ([the module docs](self)), less the decode delay.

@@ -27,7 +27,7 @@ use kvroute_proto::domain::LoadStats;
 use super::{Millis, ReplicaId};
 
 /// The window of the send-rate average: a rate is the sends of about the last this many milliseconds.
-const RATE_WINDOW_MS: f64 = 10_000.0;
+pub const RATE_WINDOW_MS: f64 = 10_000.0;
 
 /// Finished request numbers a replica's ledger keeps when none of this router's acknowledged requests had
 /// them: other senders' requests, or this router's whose acknowledgement is still on its way.
