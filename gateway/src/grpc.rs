@@ -14,7 +14,7 @@ use crate::cpu_pool::CpuPool;
 use crate::metrics;
 use crate::prompts::{PromptSource, Prompts};
 use crate::request_checks::{self, Limits, Params};
-use crate::service::{Gateway, ServiceError, StreamEvent};
+use crate::service::{Gateway, ServiceError, StreamEvent, next_for_caller};
 use crate::tenants::{AuthError, Tenants, bearer};
 
 /// The client-facing gRPC service.
@@ -110,7 +110,7 @@ impl pb::generate_server::Generate for GenerateService {
         metrics::record_request("grpc_generate", 200);
         let (sender, out) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
-            while let Some(event) = receiver.recv().await {
+            while let Some(event) = next_for_caller(&mut receiver, &sender).await {
                 let message = match event {
                     Ok(StreamEvent::Delta { token_ids, text }) => Ok(pb::GenerateResponse {
                         token_ids,

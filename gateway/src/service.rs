@@ -35,6 +35,17 @@ pub struct GenerateSpec {
 
 pub use kvroute_proto::domain::Usage;
 
+/// The next of `events` to pass on to a caller, or None once the events end or the caller has gone (the
+/// receiving end of `caller` was dropped: a client disconnected or cancelled). A relay that stops on None drops
+/// `events` in turn, so a caller's departure reaches the stream reading from the replica without waiting for
+/// the replica's next token.
+pub async fn next_for_caller<T, U>(events: &mut mpsc::Receiver<T>, caller: &mpsc::Sender<U>) -> Option<T> {
+    tokio::select! {
+        event = events.recv() => event,
+        () = caller.closed() => None,
+    }
+}
+
 /// What a caller receives, in order: deltas, then one `Finished`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StreamEvent {
@@ -452,7 +463,15 @@ impl TextStream {
             if finished || sender.is_closed() {
                 return;
             }
-            match self.next_message(&mut upstream).await {
+            let next = tokio::select! {
+                next = self.next_message(&mut upstream) => next,
+                // The caller went away while the replica was quiet: dropping `upstream` cancels the call.
+                () = sender.closed() => {
+                    tracing::debug!(replica = self.replica.1, "caller left during a quiet stream");
+                    return;
+                }
+            };
+            match next {
                 Ok(next) => message = next,
                 Err(reason) => {
                     // The client sees an error event; the operator sees why, and on which replica.
@@ -584,5 +603,20 @@ mod tests {
         assert!(limit.contains("the longest a stream waits"), "{limit}");
         let dead = SILENCE.verdict(Duration::from_secs(30), false).unwrap_or_default();
         assert!(dead.contains("heartbeats stopped"), "{dead}");
+    }
+
+    #[test]
+    fn a_relay_passes_events_on_until_its_caller_goes_though_none_is_waiting() {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap_or_else(|error| panic!("{error}"));
+        runtime.block_on(async {
+            let (events_in, mut events) = mpsc::channel::<u32>(4);
+            let (caller, caller_end) = mpsc::channel::<u32>(4);
+            events_in.send(1).await.unwrap_or_default();
+            assert_eq!(next_for_caller(&mut events, &caller).await, Some(1));
+            // No event is waiting and the events' sender is still open: only the caller's departure ends it.
+            drop(caller_end);
+            assert_eq!(next_for_caller(&mut events, &caller).await, None);
+            drop(events_in);
+        });
     }
 }

@@ -25,7 +25,7 @@ use crate::admin::AdminDenied;
 use crate::doctor::ReportOptions;
 use crate::metrics;
 use crate::prompts::Prompts;
-use crate::service::{ServiceError, StreamEvent, Usage};
+use crate::service::{ServiceError, StreamEvent, Usage, next_for_caller};
 use crate::tenants::{AuthError, Tenant, bearer};
 
 type Shared = State<Arc<AppState>>;
@@ -239,7 +239,7 @@ where
         let mut text = String::new();
         let mut ids = Vec::new();
         let json = |value: &T| Event::default().data(serde_json::to_string(value).unwrap_or_default());
-        while let Some(event) = receiver.recv().await {
+        while let Some(event) = next_for_caller(&mut receiver, &sender).await {
             match event {
                 Ok(StreamEvent::Delta { token_ids, text: piece }) => {
                     ids.extend(token_ids);

@@ -8,7 +8,8 @@
 //! - A stream whose replica stays inside one step past the gateway's inter-token timeout is kept (its replica
 //!   is alive) and finishes; one silent past the longest wait (`--first-token-timeout-ms`) is cut.
 //! - Callers that go away before their first token (HTTP clients that disconnect, gRPC clients that cancel)
-//!   cost the engine no work: their requests are dropped at its next step, with their blocks.
+//!   cost the engine no work: their requests are dropped at its next step, with their blocks. Callers that
+//!   go away while their stream is quiet end its call on the replica without waiting for its next token.
 
 #![allow(clippy::unwrap_used)]
 
@@ -427,4 +428,70 @@ fn a_stream_silent_past_the_longest_wait_is_cut_though_its_replica_is_alive() {
     assert!(message.contains("the longest a stream waits"), "{message}");
     assert_eq!(metric_sum(gateway.http, "kvroute_gateway_replica_healthy"), 1.0, "the replica is alive");
     assert!(metric_sum(gateway.http, "kvroute_gateway_quiet_stream_waits_total") >= 4.0);
+}
+
+/// Waits until `agent` holds `open` Generate calls.
+fn wait_for_open_calls(agent: &GatedAgent, open: usize, what: &str) {
+    wait_until(what, Duration::from_secs(30), || {
+        let now = agent.service.open_streams();
+        if now == open { Ok(()) } else { Err(format!("{now} open Generate calls")) }
+    })
+    .unwrap();
+}
+
+/// Waits until the engine has ended `requests` requests, and checks that it stopped each long before its
+/// 1,000 tokens: the held step's token finds its caller gone.
+fn ended(agent: &GatedAgent, requests: u64, whose: &str) {
+    let stats = wait_until(&format!("the engine to end {whose} request"), Duration::from_secs(30), || {
+        let stats = agent.stats();
+        let ended = stats.requests_finished + stats.requests_cancelled;
+        if ended == requests { Ok(stats) } else { Err(format!("{stats:?}")) }
+    })
+    .unwrap();
+    assert!(stats.generated_tokens_total < 100 * requests, "{whose} request was not stopped: {stats:?}");
+}
+
+#[test]
+fn callers_that_leave_a_quiet_stream_end_its_call_on_the_replica_before_the_next_token() {
+    let gate = Arc::new(Gate::default());
+    let agent = GatedAgent::start(gate.clone());
+    let gateway =
+        GatewayProcess::start(&[agent.addr], &["--heartbeat-timeout-ms", "1000", "--inter-token-timeout-ms", "300"]);
+
+    // Over HTTP: the client closes its connection while the engine is held inside a step of its reply.
+    let stream = stream_then_hold(gateway.http, &gate, 1_000);
+    wait_for_open_calls(&agent, 1, "the agent to hold the HTTP caller's call");
+    drop(stream);
+    wait_for_open_calls(&agent, 0, "the agent to see the HTTP caller's call end while the engine is held");
+    gate.set_closed(false);
+    ended(&agent, 1, "the HTTP caller's");
+
+    // Over gRPC: the client cancels its call likewise.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let url = format!("http://{}", gateway.grpc);
+    let mut call = runtime.block_on(async {
+        let mut client = kvroute_proto::pb::generate_client::GenerateClient::connect(url).await.unwrap();
+        let request = kvroute_proto::pb::GenerateRequest {
+            prompt: Some(kvroute_proto::pb::generate_request::Prompt::TokenIds(kvroute_proto::pb::TokenIds {
+                ids: prompt(9_000),
+            })),
+            max_tokens: 1_000,
+            ..Default::default()
+        };
+        client.generate(request).await.unwrap().into_inner()
+    });
+    let first = runtime.block_on(call.message()).unwrap().unwrap();
+    assert!(!first.token_ids.is_empty(), "{first:?}");
+    let entered = gate.entered.load(Ordering::SeqCst);
+    gate.set_closed(true);
+    wait_until("the engine to enter the held step", Duration::from_secs(30), || {
+        let now = gate.entered.load(Ordering::SeqCst);
+        if now > entered { Ok(now) } else { Err(format!("{now} forward passes")) }
+    })
+    .unwrap();
+    wait_for_open_calls(&agent, 1, "the agent to hold the gRPC caller's call");
+    drop(call);
+    wait_for_open_calls(&agent, 0, "the agent to see the gRPC caller's call end while the engine is held");
+    gate.set_closed(false);
+    ended(&agent, 2, "the gRPC caller's");
 }
