@@ -419,3 +419,20 @@ fn an_engine_with_larger_blocks_is_credited_only_its_whole_blocks_of_a_matched_p
     replicas[0].blocks_per_engine_block = 1;
     assert_eq!(usable_match(&replicas[0], found), found, "kvroute's own engine reuses every block");
 }
+
+#[test]
+fn an_engine_with_larger_blocks_is_credited_only_its_whole_blocks_of_a_prefix_in_flight_there() {
+    // The request shares its first 21 blocks with one this router sent to replica 1 and that has not finished;
+    // replica 1's engine caches 8 of kvroute's blocks as one, so 16 of them count as held there.
+    let hashes = vec![BlockHash::default(); BLOCKS];
+    let request = RouteRequest { hashes: &hashes, prompt_tokens: PROMPT_TOKENS, session_key: None };
+    let (mut replicas, lookup) = views(&[replica(0), State { in_flight: 21, ..replica(1) }]);
+    let matched = |replicas: &[ReplicaView]| {
+        let config = ScoringConfig::default();
+        let decision = cache_aware(&request, replicas, &lookup, &config, &mut SplitMix64::new(1));
+        decision.candidates[1].gpu_blocks
+    };
+    assert_eq!(matched(&replicas), 21, "kvroute's own engine reuses every block");
+    replicas[1].blocks_per_engine_block = 8;
+    assert_eq!(matched(&replicas), 16, "whole engine blocks only");
+}
