@@ -139,6 +139,8 @@ impl ExternalEngine {
         self.inner.origin.elapsed().as_secs_f64()
     }
 
+    /// The ledger, locked. Lock order: the translator's lock, then the ledger's (events are published under
+    /// the translator's lock, and publishing reads the ledger); never the translator with the ledger held.
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
         self.inner.ledger.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -255,7 +257,9 @@ impl ExternalEngine {
             return Err(GenerateError::Unavailable("the engine is not answering, or the agent is draining".into()));
         }
         let prompt_tokens = request.prompt.len() as u32;
-        let id = self.ledger().open(prompt_tokens, self.pool_prefix_tokens(&request));
+        // Not inside the ledger's lock: the translator's is taken first ([`Self::ledger`]).
+        let pool_prefix = self.pool_prefix_tokens(&request);
+        let id = self.ledger().open(prompt_tokens, pool_prefix);
         let salt = self.salt_of(&request, id);
         let body = openai::completion_body(&self.inner.facts.model, &request, salt.as_deref());
         let ack = pb::AgentGenerateResponse { engine_request_id: id, ..Default::default() };
