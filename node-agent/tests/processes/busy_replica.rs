@@ -46,6 +46,17 @@ impl Gate {
         self.opened.notify_all();
     }
 
+    /// Closes the gate and waits until the engine is held inside its next forward pass.
+    fn hold_next_step(&self) {
+        let entered = self.entered.load(Ordering::SeqCst);
+        self.set_closed(true);
+        wait_until("the engine to enter the held step", Duration::from_secs(30), || {
+            let now = self.entered.load(Ordering::SeqCst);
+            if now > entered { Ok(now) } else { Err(format!("{now} forward passes")) }
+        })
+        .unwrap();
+    }
+
     fn pass(&self) {
         self.entered.fetch_add(1, Ordering::SeqCst);
         let mut closed = self.closed.lock().unwrap();
@@ -368,13 +379,7 @@ fn stream_then_hold(gateway: SocketAddr, gate: &Gate, max_tokens: u32) -> EventS
     assert_eq!(stream.status, 200);
     let first = stream.next_data().unwrap();
     assert!(first.contains("\"text\""), "{first}");
-    let entered = gate.entered.load(Ordering::SeqCst);
-    gate.set_closed(true);
-    wait_until("the engine to enter the held step", Duration::from_secs(30), || {
-        let now = gate.entered.load(Ordering::SeqCst);
-        if now > entered { Ok(now) } else { Err(format!("{now} forward passes")) }
-    })
-    .unwrap();
+    gate.hold_next_step();
     stream
 }
 
@@ -482,13 +487,7 @@ fn callers_that_leave_a_quiet_stream_end_its_call_on_the_replica_before_the_next
     });
     let first = runtime.block_on(call.message()).unwrap().unwrap();
     assert!(!first.token_ids.is_empty(), "{first:?}");
-    let entered = gate.entered.load(Ordering::SeqCst);
-    gate.set_closed(true);
-    wait_until("the engine to enter the held step", Duration::from_secs(30), || {
-        let now = gate.entered.load(Ordering::SeqCst);
-        if now > entered { Ok(now) } else { Err(format!("{now} forward passes")) }
-    })
-    .unwrap();
+    gate.hold_next_step();
     wait_for_open_calls(&agent, 1, "the agent to hold the gRPC caller's call");
     drop(call);
     wait_for_open_calls(&agent, 0, "the agent to see the gRPC caller's call end while the engine is held");
