@@ -98,11 +98,10 @@ fn score(prediction: &Prediction, mean_wait: f64) -> f64 {
 
 /// `found`, with the leading blocks of this router's unfinished requests on the replica counted as held in
 /// its gpu tier where the index knows fewer: whole blocks of the replica's engine only, as in
-/// [`usable_match`] (a vLLM-CPU replica caches 128-token blocks; a prompt sharing 21 of kvroute's blocks with
+/// [`usable_match`] ([`ReplicaView::whole_engine_blocks`]; a vLLM-CPU replica caches 128-token blocks; a prompt sharing 21 of kvroute's blocks with
 /// one in flight there shares 16).
 fn with_in_flight(view: &ReplicaView, found: ReplicaMatch) -> ReplicaMatch {
-    let in_flight = u32::try_from(view.tracked.request_active_blocks).unwrap_or(u32::MAX);
-    let in_flight = in_flight - in_flight % view.blocks_per_engine_block.max(1);
+    let in_flight = view.whole_engine_blocks(u32::try_from(view.tracked.request_active_blocks).unwrap_or(u32::MAX));
     let known = found.total_blocks();
     if in_flight > known { ReplicaMatch { gpu_blocks: found.gpu_blocks + (in_flight - known), ..found } } else { found }
 }

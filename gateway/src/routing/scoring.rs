@@ -41,6 +41,11 @@ pub struct ReplicaView {
 }
 
 impl ReplicaView {
+    /// The leading `blocks` of a prompt the replica's engine can reuse: whole engine blocks only.
+    pub fn whole_engine_blocks(&self, blocks: u32) -> u32 {
+        blocks - blocks % self.blocks_per_engine_block.max(1)
+    }
+
     /// Requests queued or running: the load used for tie-breaks and baselines.
     pub fn requests(&self) -> u64 {
         u64::from(self.load.waiting_requests) + u64::from(self.load.running_requests)
@@ -334,7 +339,7 @@ fn positive_or(value: f64, default: f64) -> f64 {
 /// its engine's cache only (a prompt that leaves a prefix mid-block shares none of that block there).
 pub fn usable_match(view: &ReplicaView, found: ReplicaMatch) -> ReplicaMatch {
     let mut usable = if view.load.network_tier_up { found } else { ReplicaMatch { network_blocks: 0, ..found } };
-    let mut partial = usable.total_blocks() % view.blocks_per_engine_block.max(1);
+    let mut partial = usable.total_blocks() - view.whole_engine_blocks(usable.total_blocks());
     for tier in [&mut usable.network_blocks, &mut usable.host_blocks, &mut usable.gpu_blocks] {
         let trimmed = partial.min(*tier);
         *tier -= trimmed;
