@@ -190,7 +190,7 @@ async fn serve_external(args: ServeArgs) -> anyhow::Result<()> {
         crate::metrics::install(addr).with_context(|| format!("starting the metrics listener on {addr}"))?;
     }
     let translator = Translator::new(TranslatorConfig::new(facts.model.clone(), facts.engine_block_size))?;
-    let translator = Arc::new(std::sync::Mutex::new(translator));
+    let translator = Arc::new(external::lock_order::OrderedMutex::new(external::lock_order::TRANSLATOR, translator));
     let publisher = PublisherHandle::spawn(
         StreamIdentity { agent_id: agent_id.clone(), epoch },
         Arc::default(),

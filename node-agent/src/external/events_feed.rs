@@ -9,7 +9,7 @@
 //!   time changed), before the new engine's first event, or else in its sequence starting again.
 //! - A lost connection is made again, once a second, for as long as the agent runs.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::engine::publisher::fresh_epoch;
@@ -19,6 +19,7 @@ use crate::engine_events::zmtp::SocketType;
 use crate::engine_events::{EngineBatch, Source, Step, Translator, decode_batch};
 
 use super::ExternalEngine;
+use super::lock_order::{OrderedGuard, OrderedMutex};
 
 /// Longest wait for the replay socket to send what it holds.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -29,7 +30,7 @@ const RECONNECT_INTERVAL: Duration = Duration::from_secs(1);
 /// Starts the feed thread; it runs until the agent drains.
 pub fn spawn(
     engine: ExternalEngine,
-    translator: Arc<Mutex<Translator>>,
+    translator: Arc<OrderedMutex<Translator>>,
     events: String,
     replay: Option<String>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
@@ -40,7 +41,7 @@ pub fn spawn(
 
 struct Feed {
     engine: ExternalEngine,
-    translator: Arc<Mutex<Translator>>,
+    translator: Arc<OrderedMutex<Translator>>,
     events: String,
     replay: Option<String>,
     /// The engine start time the translator's state belongs to.
@@ -48,8 +49,8 @@ struct Feed {
 }
 
 impl Feed {
-    fn translator(&self) -> MutexGuard<'_, Translator> {
-        self.translator.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn translator(&self) -> OrderedGuard<'_, Translator> {
+        self.translator.lock()
     }
 
     /// Starts a new epoch when the engine's start time changed since the translator's state was made.

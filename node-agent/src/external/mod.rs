@@ -6,6 +6,7 @@
 //! - [`engine_metrics`]: the engine's Prometheus gauges (running, waiting, KV usage, block size).
 //! - [`ledger`]: the agent's exact account of the requests it sent, and the load it reports from it.
 //! - [`startup`]: what the agent checks before it serves (reachable, the model, block size, tokenizer).
+//! - [`lock_order`]: the translator's and the ledger's locks, taken in one order (checked in debug builds).
 //!
 //! Generate calls go to the engine as streamed completions under a `cache_salt` derived from the request's
 //! cache scope, so the engine itself keeps tenants apart. The engine's own KV events, re-hashed into
@@ -16,11 +17,12 @@ pub mod engine_metrics;
 pub mod events_feed;
 pub mod http;
 pub mod ledger;
+pub mod lock_order;
 pub mod openai;
 pub mod startup;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvroute_proto::domain::{AgentGenerateRequest, CacheMode, KvEvent, KvEventBatch, LoadStats};
@@ -33,6 +35,7 @@ use crate::engine::publisher::{Handover, PublisherHandle};
 use crate::engine_events::{Translator, one_off_salt};
 use http::Endpoint;
 use ledger::Ledger;
+use lock_order::{LEDGER, OrderedGuard, OrderedMutex};
 
 /// How often the engine's `/metrics` and `/health` are read unless `--engine-poll-ms` says otherwise.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
@@ -91,8 +94,8 @@ pub struct ExternalEngine {
 struct Inner {
     facts: EngineFacts,
     publisher: PublisherHandle,
-    translator: Arc<Mutex<Translator>>,
-    ledger: Mutex<Ledger>,
+    translator: Arc<OrderedMutex<Translator>>,
+    ledger: OrderedMutex<Ledger>,
     /// Since when: ledger times are seconds from here.
     origin: Instant,
     /// This agent's first epoch (unique per start): one-off salts are unique across restarts.
@@ -112,9 +115,9 @@ impl ExternalEngine {
         facts: EngineFacts,
         epoch: u64,
         publisher: PublisherHandle,
-        translator: Arc<Mutex<Translator>>,
+        translator: Arc<OrderedMutex<Translator>>,
     ) -> ExternalEngine {
-        let ledger = Mutex::new(Ledger::new(facts.kv_blocks_total, facts.max_running_requests));
+        let ledger = OrderedMutex::new(LEDGER, Ledger::new(facts.kv_blocks_total, facts.max_running_requests));
         ExternalEngine {
             inner: Arc::new(Inner {
                 facts,
@@ -139,10 +142,10 @@ impl ExternalEngine {
         self.inner.origin.elapsed().as_secs_f64()
     }
 
-    /// The ledger, locked. Lock order: the translator's lock, then the ledger's (events are published under
-    /// the translator's lock, and publishing reads the ledger); never the translator with the ledger held.
-    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
-        self.inner.ledger.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The ledger, locked. Lock order ([`lock_order`]): the translator's lock, then the ledger's (events are
+    /// published under the translator's lock, and publishing reads the ledger).
+    fn ledger(&self) -> OrderedGuard<'_, Ledger> {
+        self.inner.ledger.lock()
     }
 
     /// The agent is shutting down.
@@ -218,7 +221,7 @@ impl ExternalEngine {
                 Some(one_off_salt(nonce))
             }
             CacheMode::Shared => {
-                let mut translator = self.inner.translator.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let mut translator = self.inner.translator.lock();
                 let registered = translator.register_scope(&request.cache_scope);
                 if !registered.events.is_empty() {
                     // Blocks the engine held under this salt before the agent knew it. Published under the
@@ -236,12 +239,7 @@ impl ExternalEngine {
     fn pool_prefix_tokens(&self, request: &AgentGenerateRequest) -> u32 {
         match request.cache_mode {
             CacheMode::Disabled => 0,
-            CacheMode::Shared => self
-                .inner
-                .translator
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .pool_prefix_tokens(&request.cache_scope, &request.prompt),
+            CacheMode::Shared => self.inner.translator.lock().pool_prefix_tokens(&request.cache_scope, &request.prompt),
         }
     }
 
