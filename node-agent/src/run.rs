@@ -18,6 +18,7 @@ use crate::engine::tiering::{PrefetchBudget, SpillFn};
 use crate::engine::{Engine, Tiering};
 use crate::engine_events::socket::tcp_address;
 use crate::engine_events::{Translator, TranslatorConfig};
+use crate::external::lock_order::{OrderedMutex, TRANSLATOR};
 use crate::external::{self, EngineKind, ExternalEngine, http::Endpoint};
 use crate::model::{KvStore, Model};
 use crate::prometheus_sink::Prometheus;
@@ -190,7 +191,7 @@ async fn serve_external(args: ServeArgs) -> anyhow::Result<()> {
         crate::metrics::install(addr).with_context(|| format!("starting the metrics listener on {addr}"))?;
     }
     let translator = Translator::new(TranslatorConfig::new(facts.model.clone(), facts.engine_block_size))?;
-    let translator = Arc::new(external::lock_order::OrderedMutex::new(external::lock_order::TRANSLATOR, translator));
+    let translator = Arc::new(OrderedMutex::new(TRANSLATOR, translator));
     let publisher = PublisherHandle::spawn(
         StreamIdentity { agent_id: agent_id.clone(), epoch },
         Arc::default(),

@@ -98,8 +98,8 @@ fn score(prediction: &Prediction, mean_wait: f64) -> f64 {
 
 /// `found`, with the leading blocks of this router's unfinished requests on the replica counted as held in
 /// its gpu tier where the index knows fewer: whole blocks of the replica's engine only, as in
-/// [`usable_match`] ([`ReplicaView::whole_engine_blocks`]; a vLLM-CPU replica caches 128-token blocks; a prompt sharing 21 of kvroute's blocks with
-/// one in flight there shares 16).
+/// [`usable_match`] ([`ReplicaView::whole_engine_blocks`]; a vLLM-CPU replica caches 128-token blocks; a
+/// prompt sharing 21 of kvroute's blocks with one in flight there shares 16).
 fn with_in_flight(view: &ReplicaView, found: ReplicaMatch) -> ReplicaMatch {
     let in_flight = view.whole_engine_blocks(u32::try_from(view.tracked.request_active_blocks).unwrap_or(u32::MAX));
     let known = found.total_blocks();
