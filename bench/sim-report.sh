@@ -249,7 +249,7 @@ if [[ " $selected " == *" robustness "* ]]; then
   python3 - "$rob" "${cells[@]}" <<'EOF'
 import json, os, sys
 sys.path.insert(0, "bench")
-from robustness_verdict import misses
+from robustness_verdict import each_policy_met, misses, pairwise_met
 rob, cells = sys.argv[1], sys.argv[2:]
 print("robustness: cache_aware against the best other policy per cell (TTFT in s; hit: cached prompt fraction;")
 print("429s: requests cache_aware's replicas refused, against the fewest of the others). verdict: the target as")
@@ -260,8 +260,10 @@ print(f"{'cell':<36} {'ca mean':>8} {'best mean':>17} {'ca p99':>8} {'best p99':
       f"{'best hit':>16} {'429s':>11} {'in 10 s':>13} verdict / served")
 
 met = served_met = 0
+everyone = []
 for cell in cells:
-    results = {r["policy"]: r for r in json.load(open(os.path.join(rob, cell + ".json")))["results"]}
+    everyone.append(json.load(open(os.path.join(rob, cell + ".json")))["results"])
+    results = {r["policy"]: r for r in everyone[-1]}
     ca = results.pop("cache_aware")
     mean, p99, hit, missed = misses(ca, list(results.values()))
     fewest_refused = min(r["rejected"] for r in results.values())
@@ -282,6 +284,13 @@ for cell in cells:
           f"{hit['hit_ratio']:6.3f} {hit['policy']:>9} {ca['rejected']:5d}/{fewest_refused:<5d} {in_limit:>13} "
           f"{verdict} / {served}")
 print(f"{met} of {len(cells)} cells met; {served_met} met comparing TTFT only with policies that refused no more")
+each, attainable = each_policy_met(everyone)
+print(f"the same rule for every policy against all the others: some policy meets it in {attainable} of "
+      f"{len(cells)} cells; " + ", ".join(f"{p} {n}" for p, n in sorted(each.items(), key=lambda x: (-x[1], x[0]))))
+pairs = pairwise_met(everyone)
+print(f"the rule against one policy alone, cells of {len(cells)} where cache_aware meets it against that policy / "
+      "where that policy meets it against cache_aware: "
+      + ", ".join(f"{p} {a}/{b}" for p, (a, b) in sorted(pairs.items(), key=lambda x: (x[1][0], x[0]))))
 EOF
   # The trace families on Dynamo's mocker engine, beside Dynamo's real router on the same trace.
   if [ "${ROBUSTNESS_DYNAMO:-1}" = 1 ] && dynamo_python=$(scripts/tools/dynamo.sh); then
