@@ -153,7 +153,7 @@ if [[ " $selected " == *" ablation "* ]]; then
   abl=$out/ablation
   mkdir -p "$rob/traces" "$abl"
   bench/robustness-traces.py "$rob/traces"
-  variants=("all" mean-floor delay-to-others eviction memory-wait slot-wait in-flight decode-delay)
+  variants=("all" mean-floor delay-to-others eviction memory-wait slot-wait in-flight decode-delay prefix-copy)
   cells=(trace:1 trace:4 rag:4 fewshot:2 timestamp-top:2 shared-prefix:1 shared-prefix:2 zipf-docs:1 many-tenants:4
     bursty:4 agentic-long:1 long-short:2)
   for spec in "${cells[@]}"; do

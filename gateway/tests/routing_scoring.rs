@@ -43,6 +43,8 @@ struct State {
     in_flight: u64,
     /// Decode steps until a running slot frees there.
     slot_wait_steps: u64,
+    /// This router's unfinished requests there holding all of the prompt's blocks in flight there.
+    sharers: u32,
 }
 
 const IDLE: State = State {
@@ -65,6 +67,7 @@ const IDLE: State = State {
     finish_rate: 0.0,
     in_flight: 0,
     slot_wait_steps: 0,
+    sharers: 0,
 };
 
 fn replica(id: ReplicaId) -> State {
@@ -100,6 +103,7 @@ fn views(states: &[State]) -> (Vec<ReplicaView>, LookupResult) {
                 finish_rate: state.finish_rate,
                 request_active_blocks: state.in_flight,
                 slot_wait_steps: state.slot_wait_steps,
+                request_sharers: state.sharers,
                 ..TrackedLoad::default()
             },
         })
@@ -218,6 +222,39 @@ fn cache_aware_choices() {
             "blocks of this router's unfinished requests there count as held",
             vec![replica(0), State { in_flight: 125, ..replica(1) }],
             Some(1),
+        ),
+        (
+            // The holder waits 0.12 s; 10 requests there share the whole prompt, and as many will follow. A copy
+            // on the idle replica saves each of the 10 / 2 that will use it 0.1 s: 0.245 - 0.5 against 0.12.
+            "an idle replica takes a copy of a prefix many requests share from a busier holder",
+            vec![
+                State { gpu: 125, in_flight: 125, sharers: 10, running: 20, queued_tokens: 1_000, ..replica(0) },
+                replica(1),
+            ],
+            Some(1),
+        ),
+        (
+            "a prefix no request shares now stays on its holder",
+            vec![State { gpu: 125, in_flight: 0, running: 20, queued_tokens: 1_000, ..replica(0) }, replica(1)],
+            Some(0),
+        ),
+        (
+            // The requests there share only the prompt's first 100 blocks: a copy of the holder's 125 serves none.
+            "requests sharing less than the holder's prefix earn a copy nothing",
+            vec![
+                State { gpu: 125, in_flight: 100, sharers: 10, running: 20, queued_tokens: 1_000, ..replica(0) },
+                replica(1),
+            ],
+            Some(0),
+        ),
+        (
+            // A copy there would wait behind the running sequence's steps and delay it: no credit.
+            "a copy goes only to a replica where nothing runs or waits",
+            vec![
+                State { gpu: 125, in_flight: 125, sharers: 10, running: 20, queued_tokens: 1_000, ..replica(0) },
+                State { running: 1, ..replica(1) },
+            ],
+            Some(0),
         ),
         (
             "host hits beat recompute when host bandwidth is high",

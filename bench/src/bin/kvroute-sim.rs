@@ -65,7 +65,7 @@ struct Args {
     #[arg(long, default_value_t = DEFAULT_EVENT_LAG.as_millis() as u64)]
     event_lag_ms: u64,
     /// cache_aware without these terms of its score, comma-separated (to measure what each buys):
-    /// mean-floor, delay-to-others, eviction, memory-wait, slot-wait, in-flight, decode-delay.
+    /// mean-floor, delay-to-others, eviction, memory-wait, slot-wait, in-flight, decode-delay, prefix-copy.
     #[arg(long, value_name = "TERMS")]
     without: Option<String>,
     /// Synthetic workloads: sessions.

@@ -16,7 +16,13 @@
 //!   not hold) delays every running sequence's next token there, since chunked prefill shares each step (a
 //!   prefill token lengthens a step by one over the marginal prefill rate). The work the request needs
 //!   anyway delays some replica's decodes wherever it goes, so only the extra counts;
-//! - **the eviction cost** ([`Prediction::eviction_s`]): the cached blocks its new blocks push out.
+//! - **the eviction cost** ([`Prediction::eviction_s`]): the cached blocks its new blocks push out;
+//! - **less the copy's value**, on an idle replica (nothing running or waiting) that lacks part of the
+//!   prefix the holders (the replicas needing the least work) have: computing it there makes one more
+//!   holder, and the requests sharing that prefix wait there instead of behind the holders. This router's
+//!   unfinished requests holding the whole of it say how many will follow (as many over one lifetime, by
+//!   Little's law); spread over the holders and the copy, each saves the best holder's wait less the idle
+//!   replica's. Only an idle replica: elsewhere the copy's work would delay the requests there.
 //!
 //! The blocks of requests this router sent to a replica that have not finished count as held there: they
 //! are computed, or will be before this request's turn, whatever the replica's events have said yet.
@@ -60,12 +66,18 @@ pub fn cache_aware(
         .map(work)
         .min_by(f64::total_cmp)
         .unwrap_or(0.0);
+    let copy = if config.terms.prefix_copy { prefix_copy(&candidates, replicas, least_work) } else { None };
     for (candidate, view) in candidates.iter_mut().zip(replicas) {
         // The work a replica needs beyond the least any needs: every running sequence's next token there waits
         // for it (chunked prefill shares each step; a prefill token lengthens it by 1 / the marginal rate).
         let running = if config.terms.decode_delay { f64::from(view.load.running_requests) } else { 0.0 };
-        let decode_delay = (work(candidate) - least_work) * running;
-        candidate.policy_score = score(&candidate.prediction, floor(mean_wait, view)) + decode_delay;
+        let extra_work = work(candidate) - least_work;
+        let decode_delay = extra_work * running;
+        let copy_value = match copy {
+            Some(copy) if extra_work > 0.0 && idle(view) => copy.value(candidate.prediction.queue_wait_s),
+            _ => 0.0,
+        };
+        candidate.policy_score = score(&candidate.prediction, floor(mean_wait, view)) + decode_delay - copy_value;
     }
     let tied =
         near_best(&candidates, |best| (best.abs() * config.near_tie_relative).max(config.near_tie_absolute_seconds));
@@ -75,6 +87,48 @@ pub fn cache_aware(
         several => shortest_wait(&candidates, several, rng),
     };
     Decision { policy: "cache_aware", chosen: chosen.map(|index| replicas[index].id), rule, candidates }
+}
+
+/// What a new copy of the request's prefix is worth ([`prefix_copy`]).
+#[derive(Clone, Copy, Debug)]
+struct PrefixCopy {
+    /// The shortest wait among the replicas that need the least work (hold the most of the prefix).
+    holder_wait_s: f64,
+    /// The requests that will share the new copy: this router's unfinished requests sharing the prefix (as
+    /// many will follow over their lifetime, by Little's law), spread over the holders and the copy.
+    sharers_per_copy: f64,
+}
+
+impl PrefixCopy {
+    /// The wait the copy saves the requests that will share it, on a replica whose own wait is `wait_s`.
+    fn value(self, wait_s: f64) -> f64 {
+        self.sharers_per_copy * (self.holder_wait_s - wait_s).max(0.0)
+    }
+}
+
+/// A replica that does not hold the prompt's prefix computes it once; from then on it is one more holder,
+/// and the requests that share the prefix wait there instead of behind the holders. None when no request
+/// of this router shares the prefix now.
+fn prefix_copy(candidates: &[CandidateScore], replicas: &[ReplicaView], least_work: f64) -> Option<PrefixCopy> {
+    let holders: Vec<&CandidateScore> =
+        candidates.iter().filter(|candidate| candidate.excluded.is_none() && work(candidate) <= least_work).collect();
+    let held = holders.iter().map(|holder| u64::from(holder.matched_blocks())).max().filter(|held| *held > 0)?;
+    // Only requests holding the whole of the holders' prefix share what a copy duplicates.
+    let sharers: u32 = replicas
+        .iter()
+        .filter(|view| view.tracked.request_active_blocks >= held)
+        .map(|view| view.tracked.request_sharers)
+        .sum();
+    if sharers == 0 {
+        return None;
+    }
+    let holder_wait_s = holders.iter().map(|holder| holder.prediction.queue_wait_s).min_by(f64::total_cmp)?;
+    Some(PrefixCopy { holder_wait_s, sharers_per_copy: f64::from(sharers) / (holders.len() + 1) as f64 })
+}
+
+/// Nothing runs or waits there: a copy made there delays no other request.
+fn idle(view: &ReplicaView) -> bool {
+    view.load.running_requests == 0 && view.load.waiting_requests == 0 && view.load.queued_prefill_tokens == 0
 }
 
 /// The request's own work on a candidate: compute and reloads.

@@ -330,6 +330,7 @@ impl LoadLedger {
                 .sum(),
             active_blocks: entry.active.len() as u64,
             request_active_blocks: blocks.iter().take_while(|block| entry.active.contains_key(*block)).count() as u64,
+            request_sharers: blocks.iter().map_while(|block| entry.active.get(block)).last().copied().unwrap_or(0),
             slot_wait_steps: entry.slot_wait_steps(now),
         }
     }
@@ -357,6 +358,9 @@ pub struct TrackedLoad {
     /// Of the request being routed, the leading full blocks already active there (a request holds its
     /// whole chain, so these are all of its blocks that are).
     pub request_active_blocks: u64,
+    /// This router's unfinished requests there that hold all of those blocks: the requests now sharing the
+    /// prefix the request shares with them there.
+    pub request_sharers: u32,
     /// Decode steps until one more request gets a running slot there, when the engine runs as many
     /// sequences as it may (its `max_running_requests`) and more wait: the requests ahead hold their slots
     /// until they have generated their `max_tokens` (the running ones counted from their first token, at
@@ -514,6 +518,22 @@ mod tests {
         ledger.abandoned(second);
         let tracked = ledger.tracked(4, &blocks(&[1]), 6);
         assert_eq!((tracked.prefill_tokens, tracked.active_blocks, tracked.request_active_blocks), (0, 0, 0));
+    }
+
+    #[test]
+    fn the_requests_sharing_a_prompts_prefix_are_those_holding_its_deepest_active_block() {
+        let mut ledger = LoadLedger::new();
+        ledger.reported(4, 1, &load(0, 0), 0, &[], 0);
+        let first = ledger.sent(4, 48, 1, blocks(&[1, 2, 3]), 0);
+        let second = ledger.sent(4, 16, 1, blocks(&[1, 2, 4]), 0);
+        let sharers = |ledger: &LoadLedger, prompt: &[u8]| ledger.tracked(4, &blocks(prompt), 0).request_sharers;
+        assert_eq!(sharers(&ledger, &[1, 2, 3, 9]), 1, "only the first holds block 3");
+        assert_eq!(sharers(&ledger, &[1, 2, 7]), 2, "both hold blocks 1 and 2");
+        assert_eq!(sharers(&ledger, &[5, 1, 2]), 0, "a chain that starts elsewhere shares nothing");
+        ledger.abandoned(first);
+        assert_eq!(sharers(&ledger, &[1, 2, 3, 9]), 1, "the second still holds blocks 1 and 2");
+        ledger.abandoned(second);
+        assert_eq!(sharers(&ledger, &[1, 2, 3, 9]), 0);
     }
 
     /// A replica running at most `cap` sequences with 10 ms decode steps, as of `at`.

@@ -181,6 +181,8 @@ pub struct CostTerms {
     pub in_flight: bool,
     /// The delay to others counts the running sequences' next tokens too.
     pub decode_delay: bool,
+    /// A replica without the prompt's prefix is credited with the wait its copy saves the requests that share it.
+    pub prefix_copy: bool,
 }
 
 impl CostTerms {
@@ -192,10 +194,19 @@ impl CostTerms {
         slot_wait: true,
         in_flight: true,
         decode_delay: true,
+        prefix_copy: true,
     };
     /// Their names, as `kvroute-sim --without` takes them.
-    pub const NAMES: [&str; 7] =
-        ["mean-floor", "delay-to-others", "eviction", "memory-wait", "slot-wait", "in-flight", "decode-delay"];
+    pub const NAMES: [&str; 8] = [
+        "mean-floor",
+        "delay-to-others",
+        "eviction",
+        "memory-wait",
+        "slot-wait",
+        "in-flight",
+        "decode-delay",
+        "prefix-copy",
+    ];
 
     /// These terms less the one named `name`, or None for an unknown name.
     pub fn without(self, name: &str) -> Option<CostTerms> {
@@ -208,6 +219,7 @@ impl CostTerms {
             "slot-wait" => terms.slot_wait = false,
             "in-flight" => terms.in_flight = false,
             "decode-delay" => terms.decode_delay = false,
+            "prefix-copy" => terms.prefix_copy = false,
             _ => return None,
         }
         Some(terms)
