@@ -319,6 +319,12 @@ impl LoadLedger {
     /// its unfinished requests there, and how many of `blocks` are among them.
     pub fn tracked(&self, replica: ReplicaId, blocks: &[BlockHash], now: Millis) -> TrackedLoad {
         let Some(entry) = self.replicas.get(&replica) else { return TrackedLoad::default() };
+        // One walk down the request's chain: how many of its leading blocks are active, and how many requests
+        // hold the deepest of them.
+        let (request_active_blocks, request_sharers) = blocks
+            .iter()
+            .map_while(|block| entry.active.get(block))
+            .fold((0, 0), |(depth, _), &held| (depth + 1, held));
         TrackedLoad {
             send_rate: entry.sends.per_second(now),
             finish_rate: entry.finishes.per_second(now),
@@ -329,8 +335,8 @@ impl LoadLedger {
                 .map(|request| request.uncached_tokens)
                 .sum(),
             active_blocks: entry.active.len() as u64,
-            request_active_blocks: blocks.iter().take_while(|block| entry.active.contains_key(*block)).count() as u64,
-            request_sharers: blocks.iter().map_while(|block| entry.active.get(block)).last().copied().unwrap_or(0),
+            request_active_blocks,
+            request_sharers,
             slot_wait_steps: entry.slot_wait_steps(now),
         }
     }

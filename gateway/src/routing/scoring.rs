@@ -181,7 +181,7 @@ pub struct CostTerms {
     pub in_flight: bool,
     /// The delay to others counts the running sequences' next tokens too.
     pub decode_delay: bool,
-    /// A replica without the prompt's prefix is credited with the wait its copy saves the requests that share it.
+    /// An idle replica without the holders' prefix is credited the wait its copy saves the requests sharing it.
     pub prefix_copy: bool,
 }
 
